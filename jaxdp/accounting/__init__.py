@@ -1,0 +1,42 @@
+"""Privacy accounting for differentially private hyperparameter tuning.
+
+Run a DP training K ~ D times and release only the best run: what (eps, delta)
+does the whole search satisfy?
+
+  >>> import dp_accounting as dpa
+  >>> from jaxdp import accounting as acc
+  >>> base = dpa.SelfComposedDpEvent(
+  ...     dpa.PoissonSampledDpEvent(256 / 60000, dpa.GaussianDpEvent(1.1)), 14063)
+  >>> ev = acc.RepeatAndSelect(base, acc.Poisson(mean=10))
+  >>> round(acc.epsilon(ev, delta=1e-5, method="rdp"), 4)
+  5.7489
+"""
+
+from jaxdp.accounting.accountant import ALL_METHODS
+from jaxdp.accounting.accountant import delta
+from jaxdp.accounting.accountant import epsilon
+from jaxdp.accounting.accountant import Guarantee
+from jaxdp.accounting.accountant import guarantee
+from jaxdp.accounting.accountant import METHODS
+from jaxdp.accounting.accountant import MethodResult
+from jaxdp.accounting.accountant import NotApplicableError
+from jaxdp.accounting.accountant import rdp_curve
+from jaxdp.accounting.accountant import Report
+from jaxdp.accounting.accountant import report
+from jaxdp.accounting.distributions import Binomial
+from jaxdp.accounting.distributions import expected_quantile
+from jaxdp.accounting.distributions import Fixed
+from jaxdp.accounting.distributions import Geometric
+from jaxdp.accounting.distributions import KDistribution
+from jaxdp.accounting.distributions import Logarithmic
+from jaxdp.accounting.distributions import Poisson
+from jaxdp.accounting.distributions import success_probability
+from jaxdp.accounting.distributions import tail_bound
+from jaxdp.accounting.distributions import tnb_gamma_from_mean
+from jaxdp.accounting.distributions import TruncatedNegativeBinomial
+from jaxdp.accounting.events import RepeatAndSelect
+from jaxdp.accounting.guarantees import DEFAULT_ORDERS
+from jaxdp.accounting.guarantees import PureDp
+from jaxdp.accounting.guarantees import RdpCurve
+from jaxdp.accounting.guarantees import UnsupportedBaseError
+from jaxdp.accounting.guarantees import Zcdp

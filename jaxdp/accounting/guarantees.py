@@ -1,0 +1,126 @@
+"""Guarantees of one candidate run (the base mechanism Q of repeat-and-select).
+
+A base is either a `dp_accounting.DpEvent` (its RDP comes from dp-accounting's
+`RdpAccountant`) or one of the plain guarantees below. Every base answers one
+question: its RDP curve on a grid of orders, as an upper bound of the Renyi
+divergence in both neighbouring directions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+import dp_accounting as dpa
+import numpy as np
+
+from jaxdp import _validate
+
+#: dp-accounting's default order grid: 1.1..10.9 step 0.1, 11..63, 128..1024.
+DEFAULT_ORDERS: tuple = tuple(dpa.rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+
+
+class UnsupportedBaseError(ValueError):
+  """Raised when a base guarantee or DpEvent cannot be accounted."""
+
+
+def check_orders(orders: Optional[Sequence[float]]) -> np.ndarray:
+  """Validated, sorted, de-duplicated order grid (every order > 1)."""
+  if orders is None:
+    return np.asarray(DEFAULT_ORDERS, dtype=np.float64)
+  arr = _validate.real_array("orders", orders, low=1.0, low_open=True)
+  return np.unique(arr)
+
+
+@dataclasses.dataclass(frozen=True)
+class PureDp:
+  """epsilon-DP in the pure sense (delta = 0)."""
+
+  epsilon: float
+
+  def __post_init__(self):
+    object.__setattr__(self, "epsilon", _validate.real("epsilon", self.epsilon, low=0.0))
+
+  def rdp(self, orders: np.ndarray) -> np.ndarray:
+    # Every eps-DP pair is a post-processing of binary randomized response with
+    # the same eps, so RR's Renyi divergence is the exact worst case:
+    # D_l = log((e^{eps l} + e^{eps (1-l)}) / (1 + e^eps)) / (l - 1) <= min(eps, l eps^2 / 2).
+    eps, lam = self.epsilon, np.asarray(orders, dtype=np.float64)
+    if eps == 0.0:
+      return np.zeros_like(lam)
+    log_sum = np.logaddexp(eps * lam, eps * (1.0 - lam)) - np.logaddexp(0.0, eps)
+    return np.minimum(log_sum / (lam - 1.0), eps)
+
+  def hockey_stick(self, epsilon: float) -> float:
+    """Exact privacy profile delta(epsilon) of the worst eps-DP pair (randomized response)."""
+    if epsilon >= self.epsilon:
+      return 0.0
+    return (math.exp(self.epsilon) - math.exp(epsilon)) / (1.0 + math.exp(self.epsilon))
+
+
+@dataclasses.dataclass(frozen=True)
+class Zcdp:
+  """rho-zero-concentrated DP: (lambda, rho * lambda)-RDP for every lambda > 1."""
+
+  rho: float
+
+  def __post_init__(self):
+    object.__setattr__(self, "rho", _validate.real("rho", self.rho, low=0.0))
+
+  def rdp(self, orders: np.ndarray) -> np.ndarray:
+    return self.rho * np.asarray(orders, dtype=np.float64)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RdpCurve:
+  """An RDP guarantee given as values on its own orders.
+
+  Asked for another order lambda, the curve answers with its value at the
+  smallest own order >= lambda (Renyi divergence is non-decreasing in the order),
+  and with +inf above its largest order: never optimistic.
+  """
+
+  orders: Sequence[float]
+  values: Sequence[float]
+
+  def __post_init__(self):
+    orders = _validate.real_array("orders", self.orders, low=1.0, low_open=True)
+    values = _validate.real_array("values", self.values, low=0.0, allow_inf=True)
+    if orders.shape != values.shape:
+      raise ValueError(f"orders and values must have the same length, got "
+                       f"{orders.size} and {values.size}")
+    idx = np.argsort(orders)
+    orders, values = orders[idx], values[idx]
+    if np.any(np.diff(orders) == 0):
+      raise ValueError(f"orders must be distinct, got {self.orders!r}")
+    # Enforce monotonicity from the right: a larger order's bound also bounds smaller ones.
+    values = np.minimum.accumulate(values[::-1])[::-1]
+    object.__setattr__(self, "orders", tuple(orders.tolist()))
+    object.__setattr__(self, "values", tuple(values.tolist()))
+
+  def __eq__(self, other):
+    return isinstance(other, RdpCurve) and (self.orders, self.values) == (other.orders, other.values)
+
+  def __hash__(self):
+    return hash((self.orders, self.values))
+
+  def rdp(self, orders: np.ndarray) -> np.ndarray:
+    own_o = np.asarray(self.orders)
+    own_v = np.append(np.asarray(self.values), np.inf)
+    idx = np.searchsorted(own_o, np.asarray(orders, dtype=np.float64), side="left")
+    return own_v[idx]
+
+
+def dp_event_rdp(event: dpa.DpEvent, orders: np.ndarray) -> np.ndarray:
+  """RDP of a DpEvent from dp-accounting's RdpAccountant (add/remove-one)."""
+  accountant = dpa.rdp.RdpAccountant(list(orders))
+  if not accountant.supports(event):
+    raise UnsupportedBaseError(
+        f"base event {event!r} cannot be accounted by dp-accounting's RdpAccountant "
+        "(supported: Gaussian, Poisson-subsampled Gaussian, Laplace, zCDP, compositions, ...)")
+  accountant.compose(event)
+  return accountant.rdp
+
+
+PLAIN_GUARANTEES = (PureDp, Zcdp, RdpCurve)

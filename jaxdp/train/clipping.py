@@ -1,0 +1,154 @@
+"""Per-example gradients and per-example L2 clipping over the whole parameter tree.
+
+Clipping bounds each example's contribution to the summed gradient by
+`l2_clip_norm`, which is the sensitivity the Gaussian mechanism is calibrated
+to.  An example whose gradient is not finite contributes exactly zero (a
+bounded function of that example alone), so a diverging loss can never break
+the sensitivity bound.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+PyTree = Any
+# loss_fn(params, inputs, labels) -> per-example losses of shape (batch,).
+LossFn = Callable[[PyTree, jax.Array, jax.Array], jax.Array]
+
+
+def per_example_grads(loss_fn: LossFn, params: PyTree, inputs: jax.Array,
+                      labels: jax.Array) -> tuple[PyTree, jax.Array]:
+  """Per-example gradients via `jax.vmap` of `jax.value_and_grad`.
+
+  Args:
+    loss_fn: maps (params, inputs, labels) with a leading batch axis to the
+      per-example losses, shape (batch,).
+    params: parameter tree.
+    inputs: (batch, ...) model inputs.
+    labels: (batch,) labels.
+
+  Returns:
+    (grads, losses): `grads` has every leaf of `params` with a leading batch
+    axis; `losses` has shape (batch,).
+  """
+  def single(p, x, y):
+    # One example becomes a batch of one, so models never see unbatched input.
+    return loss_fn(p, x[None], y[None])[0]
+  losses, grads = jax.vmap(jax.value_and_grad(single), in_axes=(None, 0, 0))(params, inputs, labels)
+  return grads, losses
+
+
+def per_example_global_norms(grads: PyTree) -> jax.Array:
+  """L2 norm of each example's gradient over all leaves, shape (batch,)."""
+  leaves = jax.tree.leaves(grads)
+  batch = leaves[0].shape[0]
+  sq = sum(jnp.sum(jnp.square(leaf.reshape(batch, -1)), axis=1) for leaf in leaves)
+  return jnp.sqrt(sq)
+
+
+def clip_factors(norms: jax.Array, l2_clip_norm: jax.Array) -> jax.Array:
+  """Scale min(1, C/||g||) per example, and 0 for a non-finite norm.
+
+  Args:
+    norms: (batch,) per-example gradient norms.
+    l2_clip_norm: clip norm C > 0 (may be a traced array).
+
+  Returns:
+    (batch,) factors; factor * norm <= C up to float rounding.
+  """
+  safe = jnp.where(norms > 0, norms, 1.0)
+  factor = jnp.minimum(1.0, l2_clip_norm / safe)
+  return jnp.where(jnp.isfinite(norms), factor, 0.0)
+
+
+def clip_per_example(grads: PyTree, l2_clip_norm: jax.Array) -> tuple[PyTree, jax.Array]:
+  """Clips each example's gradient to global L2 norm at most `l2_clip_norm`.
+
+  Args:
+    grads: tree of per-example gradients, leading batch axis on every leaf.
+    l2_clip_norm: clip norm C > 0.
+
+  Returns:
+    (clipped grads with the same structure, unclipped norms of shape (batch,)).
+  """
+  norms = per_example_global_norms(grads)
+  factors = clip_factors(norms, l2_clip_norm)
+  # where() rather than a product so a non-finite gradient becomes an exact 0.
+  clipped = jax.tree.map(
+      lambda g: jnp.where(factors.reshape((-1,) + (1,) * (g.ndim - 1)) > 0,
+                          g * factors.reshape((-1,) + (1,) * (g.ndim - 1)), 0.0), grads)
+  return clipped, norms
+
+
+def weighted_sum(grads: PyTree, weights: jax.Array) -> PyTree:
+  """sum_i weights[i] * grads[i] over the leading axis of every leaf.
+
+  Zero-weight rows are dropped with where() first so that a non-finite
+  gradient of a masked or discarded example cannot leak NaN (0 * inf = NaN).
+  """
+  def one(g):
+    w = weights.reshape((-1,) + (1,) * (g.ndim - 1))
+    return jnp.sum(jnp.where(w > 0, g * w, 0.0), axis=0)
+  return jax.tree.map(one, grads)
+
+
+def clipped_grad_sum(loss_fn: LossFn, params: PyTree, inputs: jax.Array, labels: jax.Array,
+                     mask: jax.Array, l2_clip_norm: jax.Array) -> tuple[PyTree, jax.Array]:
+  """Sum over the unmasked examples of their clipped gradients.
+
+  Masked rows (padding) contribute exactly zero whatever their content.
+
+  Args:
+    loss_fn: per-example loss function, see `per_example_grads`.
+    params: parameter tree.
+    inputs: (batch, ...) inputs.
+    labels: (batch,) labels.
+    mask: (batch,) boolean, True for rows that belong to the sampled batch.
+    l2_clip_norm: clip norm C > 0.
+
+  Returns:
+    (summed clipped gradient tree, number of unmasked rows as float32).
+  """
+  grads, _ = per_example_grads(loss_fn, params, inputs, labels)
+  factors = clip_factors(per_example_global_norms(grads), l2_clip_norm)
+  factors = jnp.where(mask, factors, 0.0)
+  return weighted_sum(grads, factors), jnp.sum(mask.astype(jnp.float32))
+
+
+class ClipState(NamedTuple):
+  """State of `clip_per_example_l2`: the clip norm as an array, so it can be
+  vmapped over candidates without recompiling."""
+  l2_clip_norm: jax.Array
+
+
+def clip_per_example_l2(l2_clip_norm: float | jax.Array) -> optax.GradientTransformationExtraArgs:
+  """Optax transformation: per-example gradients in, sum of clipped ones out.
+
+  `update(per_example_grads, state, params=None, *, mask=None)` takes a tree
+  whose leaves have a leading batch axis and returns the tree of sums over
+  the batch of the clipped gradients (rows with mask False contribute 0).
+  Follow it with `jaxdp.train.add_gaussian_noise` to privatise the sum.
+
+  Args:
+    l2_clip_norm: clip norm C > 0, stored as an array in the state.
+
+  Returns:
+    The gradient transformation.
+  """
+  def init_fn(params):
+    del params
+    return ClipState(l2_clip_norm=jnp.asarray(l2_clip_norm, jnp.float32))
+
+  def update_fn(updates, state, params=None, *, mask=None, **extra_args):
+    del params, extra_args
+    norms = per_example_global_norms(updates)
+    factors = clip_factors(norms, state.l2_clip_norm)
+    if mask is not None:
+      factors = jnp.where(mask, factors, 0.0)
+    return weighted_sum(updates, factors), state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
