@@ -205,24 +205,24 @@ class TruncatedNegativeBinomial(KDistribution):
              + special.gammaln(k + eta) - special.gammaln(1 + eta) - special.gammaln(k + 1))
     return np.where((k >= 1) & (k == np.floor(k)), out, -np.inf)
 
-  def _base(self, x):
-    base = 1.0 - (1.0 - self._gamma) * _check_x(x)
-    if np.any(base <= 0):
+  def _log_base(self, x):
+    """log(1 - (1-gamma) x), via log1p: exact for tiny x, where f(x) ~ P[K=1] x."""
+    x = _check_x(x)
+    if np.any(x >= 1.0 / (1.0 - self._gamma)):
       raise ValueError(f"the PGF of {self!r} diverges for x >= 1/(1-gamma) = "
                        f"{1 / (1 - self._gamma)!r}")
-    return base
+    return np.log1p(-(1.0 - self._gamma) * x)
 
   def pgf(self, x):
-    base = self._base(x)
+    log_base = self._log_base(x)
     lg = math.log(self._gamma)
     if self._eta == 0.0:
-      return np.log(base) / lg
-    return np.expm1(-self._eta * np.log(base)) / math.expm1(-self._eta * lg)
+      return log_base / lg
+    return np.expm1(-self._eta * log_base) / math.expm1(-self._eta * lg)
 
   def pgf_derivative(self, x):
-    base = self._base(x)
     # f'(x) = eta (1-gamma) base^(-eta-1) / (gamma^-eta - 1).
-    return np.exp(self._log_norm + math.log1p(-self._gamma) - (self._eta + 1.0) * np.log(base))
+    return np.exp(self._log_norm + math.log1p(-self._gamma) - (self._eta + 1.0) * self._log_base(x))
 
   def sample(self, rng, size=None):
     gen = _as_generator(rng)
