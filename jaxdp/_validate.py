@@ -11,8 +11,8 @@ import numpy as np
 
 
 def _fmt_range(low, high, low_open, high_open) -> str:
-  left = "(" if low_open else "["
-  right = ")" if high_open else "]"
+  left = "(" if (low_open or low is None) else "["
+  right = ")" if (high_open or high is None) else "]"
   lo = "-inf" if low is None else repr(low)
   hi = "inf" if high is None else repr(high)
   return f"{left}{lo}, {hi}{right}"

@@ -436,21 +436,23 @@ def success_probability(dist: KDistribution, p_good: float) -> float:
 
 
 def tail_bound(dist: KDistribution, k: float) -> float:
-  """Chernoff bound P[K >= k] <= min_{t>0} f(e^t) e^{-tk}, at most 1.
+  """Upper bound on P[K >= k]: the smaller of Chernoff and Markov.
 
-  Poisson has the closed form e^{-mu} (e mu / k)^k for k > mu. Useful to cap
-  run-time: the bound says how unlikely a search longer than k runs is.
+  Chernoff: min_{t>0} f(e^t) e^{-tk} (Poisson: e^{-mu} (e mu / k)^k for
+  k > mu); Markov: E[K]/k, which wins for the heavy-tailed eta < 0 members.
+  Useful to cap run-time: how unlikely is a search longer than k runs?
   """
   dist = _check_dist(dist)
   k = _validate.real("k", k, low=0.0)
   if dist.max_k is not None and k > dist.max_k:
     return 0.0
+  markov = dist.mean / k if k > 0 else 1.0
   if isinstance(dist, Poisson):
     mu = dist.mean
-    return 1.0 if k <= mu else math.exp(-mu + k - k * math.log(k / mu) )
+    return min(markov, 1.0 if k <= mu else math.exp(-mu + k - k * math.log(k / mu)))
   t_max = dist._t_max()
   fun = lambda t: dist._log_pgf_exp(t) - t * k
   res = optimize.minimize_scalar(fun, bounds=(0.0, t_max * (1 - 1e-9)), method="bounded",
                                  options={"xatol": 1e-12})
   best = min(res.fun, fun(0.0))
-  return float(min(1.0, math.exp(best)))
+  return float(min(1.0, markov, math.exp(best)))

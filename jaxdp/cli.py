@@ -1,0 +1,168 @@
+"""The `jaxdp` command line.
+
+  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,steps=14063 \
+                --repeat poisson:mean=10 --delta 1e-5 [--method rdp] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Optional, Sequence
+
+import dp_accounting as dpa
+
+from jaxdp import _validate as acc_validate
+from jaxdp import accounting as acc
+
+_BASE_HELP = """\
+base mechanism (one candidate run), NAME:key=value,...
+  dpsgd:q=Q,sigma=S,steps=T     DP-SGD: T steps of the Poisson-subsampled
+                                Gaussian (sampling rate Q, noise multiplier S);
+                                epochs=E may replace steps (steps = ceil(E/Q))
+  gaussian:sigma=S              Gaussian mechanism, noise multiplier S
+  pure:eps=E                    pure E-DP
+  zcdp:rho=R                    R-zero-concentrated DP"""
+
+_REPEAT_HELP = """\
+distribution of the number of runs K, NAME:key=value,... (omit for one run)
+  poisson:mean=M                Poisson, M > 0
+  tnb:eta=H,mean=M              truncated negative binomial, H > -1, M > 1
+  tnb:eta=H,gamma=G             ... given by its gamma in (0, 1)
+  geometric:mean=M              geometric (tnb with eta=1), M > 1
+  logarithmic:mean=M            logarithmic (tnb with eta=0), M > 1
+  binomial:n=N,p=P              binomial, N >= 1, P in (0, 1]
+  fixed:k=K                     exactly K runs (naive repetition)"""
+
+
+def _parse_spec(spec: str, what: str) -> tuple[str, dict]:
+  name, _, rest = spec.partition(":")
+  params = {}
+  for item in filter(None, rest.split(",")):
+    key, sep, value = item.partition("=")
+    if not sep:
+      raise ValueError(f"--{what}: expected key=value in {spec!r}, got {item!r}")
+    try:
+      params[key.strip()] = float(value)
+    except ValueError:
+      raise ValueError(f"--{what}: {key}={value!r} is not a number") from None
+  return name.strip().lower(), params
+
+
+def _build(spec: str, what: str, builders: dict) -> object:
+  name, params = _parse_spec(spec, what)
+  if name not in builders:
+    raise ValueError(f"--{what}: unknown name {name!r}; valid: {', '.join(builders)}")
+  fn, required, optional = builders[name]
+  allowed = set(required) | set(optional)
+  unknown = set(params) - allowed
+  missing = set(required) - set(params)
+  if unknown or missing:
+    raise ValueError(f"--{what} {name}: takes {', '.join(sorted(allowed))}"
+                     + (f"; unknown {sorted(unknown)}" if unknown else "")
+                     + (f"; missing {sorted(missing)}" if missing else ""))
+  return fn(**params)
+
+
+def _dpsgd(q, sigma, steps=None, epochs=None):
+  q = acc_validate.probability("q", q, one_ok=True)
+  if (steps is None) == (epochs is None):
+    raise ValueError("--base dpsgd: give exactly one of steps or epochs")
+  if steps is None:
+    steps = math.ceil(acc_validate.real("epochs", epochs, low=0.0, low_open=True) / q)
+  steps = acc_validate.integer("steps", steps, low=1)
+  sigma = acc_validate.real("sigma", sigma, low=0.0, low_open=True)
+  return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+
+
+def _gaussian(sigma):
+  return dpa.GaussianDpEvent(acc_validate.real("sigma", sigma, low=0.0, low_open=True))
+
+
+_BASES: dict = {
+    "dpsgd": (_dpsgd, ("q", "sigma"), ("steps", "epochs")),
+    "gaussian": (_gaussian, ("sigma",), ()),
+    "pure": (lambda eps: acc.PureDp(eps), ("eps",), ()),
+    "zcdp": (lambda rho: acc.Zcdp(rho), ("rho",), ()),
+}
+
+_REPEATS: dict = {
+    "poisson": (lambda mean: acc.Poisson(mean), ("mean",), ()),
+    "tnb": (lambda eta, mean=None, gamma=None: acc.TruncatedNegativeBinomial(eta, mean=mean, gamma=gamma),
+            ("eta",), ("mean", "gamma")),
+    "geometric": (lambda mean=None, gamma=None: acc.Geometric(mean, gamma=gamma), (), ("mean", "gamma")),
+    "logarithmic": (lambda mean=None, gamma=None: acc.Logarithmic(mean, gamma=gamma), (), ("mean", "gamma")),
+    "binomial": (lambda n, p: acc.Binomial(acc_validate.integer("n", n, low=1), p), ("n", "p"), ()),
+    "fixed": (lambda k: acc.Fixed(acc_validate.integer("k", k, low=1)), ("k",), ()),
+}
+
+
+def _parse_orders(text: Optional[str]):
+  if text is None:
+    return None
+  try:
+    return [float(x) for x in text.split(",") if x.strip()]
+  except ValueError:
+    raise ValueError(f"--orders must be comma-separated numbers, got {text!r}") from None
+
+
+def _account(args) -> int:
+  base = _build(args.base, "base", _BASES)
+  event = acc.RepeatAndSelect(base, _build(args.repeat, "repeat", _REPEATS)) if args.repeat else base
+  orders = _parse_orders(args.orders)
+  header = {"base": args.base, "repeat": args.repeat, "orders": "custom" if orders else "default"}
+  if args.epsilon is not None:
+    method = args.method or "best"
+    value = acc.delta(event, args.epsilon, method=method, orders=orders)
+    out = dict(header, epsilon=args.epsilon, method=method, delta=value)
+    print(json.dumps(out, indent=2) if args.json else f"delta = {value:.6g}  ({method})")
+    return 0
+  delta = 1e-5 if args.delta is None else args.delta
+  if args.method is None:
+    rep = acc.report(event, delta, orders=orders)
+    print(json.dumps(dict(header, **rep.to_dict()), indent=2, default=str) if args.json else str(rep))
+    return 0
+  value = acc.epsilon(event, delta, method=args.method, orders=orders)
+  out = dict(header, delta=delta, method=args.method, epsilon=value)
+  print(json.dumps(out, indent=2) if args.json else f"epsilon = {value:.6g}  ({args.method}, delta={delta:g})")
+  return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="jaxdp", description="Differentially private hyperparameter tuning in JAX.")
+  sub = parser.add_subparsers(dest="command", required=True)
+  p = sub.add_parser(
+      "account", formatter_class=argparse.RawTextHelpFormatter,
+      help="(epsilon, delta) of repeat-and-select tuning",
+      description="Privacy of running a DP training K times and releasing only the best run.\n"
+                  "Without --method, prints every method and marks the tightest.",
+      epilog="example:\n  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,steps=14063 "
+             "--repeat poisson:mean=10 --delta 1e-5")
+  p.add_argument("--base", required=True, metavar="SPEC", help=_BASE_HELP)
+  p.add_argument("--repeat", metavar="SPEC", help=_REPEAT_HELP)
+  target = p.add_mutually_exclusive_group()
+  target.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1e-5); prints epsilon")
+  target.add_argument("--epsilon", type=float, help="target epsilon >= 0; prints delta instead")
+  p.add_argument("--method", choices=acc.ALL_METHODS,
+                 help="accounting method; 'best' takes the minimum over all that apply")
+  p.add_argument("--orders", metavar="LIST", help="comma-separated RDP orders > 1 (default: dp-accounting's grid)")
+  p.add_argument("--json", action="store_true", help="print a JSON object")
+  p.set_defaults(func=_account)
+  return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  try:
+    return args.func(args)
+  except ValueError as err:
+    print(f"jaxdp {args.command}: error: {err}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())
