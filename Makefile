@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test test-slow figures-analytic clean
+.PHONY: venv test test-slow figures-analytic figures-profiles clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,9 @@ test-slow: venv
 
 figures-analytic: venv
 	$(PY) -m experiments.analytic_figures --out figures
+
+figures-profiles: venv
+	$(PY) -m experiments.profile_figures --out figures
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

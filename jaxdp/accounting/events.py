@@ -72,7 +72,8 @@ Base = Union[dpa.DpEvent, guarantees.PureDp, guarantees.Zcdp, guarantees.RdpCurv
 
 def check_base(base) -> None:
   """Raises `UnsupportedBaseError` unless `base` can be accounted."""
-  if isinstance(base, (RepeatAndSelect,) + guarantees.PLAIN_GUARANTEES):
+  from jaxdp.accounting import subsampled  # pylint: disable=g-import-not-at-top
+  if isinstance(base, (RepeatAndSelect, subsampled.UniformCandidates) + guarantees.PLAIN_GUARANTEES):
     return
   if isinstance(base, dpa.DpEvent):
     if not dpa.rdp.RdpAccountant().supports(base):
@@ -80,5 +81,5 @@ def check_base(base) -> None:
           f"base={base!r}: dp-accounting's RdpAccountant cannot account this DpEvent")
     return
   raise guarantees.UnsupportedBaseError(
-      f"base must be a dp_accounting.DpEvent, PureDp, Zcdp, RdpCurve or RepeatAndSelect, "
-      f"got {base!r}")
+      f"base must be a dp_accounting.DpEvent, PureDp, Zcdp, RdpCurve, UniformCandidates or "
+      f"RepeatAndSelect, got {base!r}")

@@ -112,6 +112,66 @@ class RdpCurve:
     return own_v[idx]
 
 
+@dataclasses.dataclass(frozen=True)
+class ApproxDp:
+  """(epsilon, delta)-DP at one point. With delta > 0 it bounds no Renyi
+  divergence, so only the privacy-profile methods account it."""
+
+  epsilon: float
+  delta: float
+
+  def __post_init__(self):
+    object.__setattr__(self, "epsilon", _validate.real("epsilon", self.epsilon, low=0.0))
+    object.__setattr__(self, "delta", _validate.probability("delta", self.delta, zero_ok=True,
+                                                            one_ok=False))
+
+  def rdp(self, orders: np.ndarray) -> np.ndarray:
+    if self.delta == 0.0:
+      return PureDp(self.epsilon).rdp(orders)
+    return np.full(np.shape(orders), np.inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportNoisyMax:
+  """Report Noisy Max with Gaussian noise: argmax_i f_i(X) + N(0, sigma^2), i in [m].
+
+  Scores have sensitivity 1; `monotonic=True` if all scores move in the same
+  direction between neighbours (then the noise sees sensitivity 1, else 2).
+  `num_rounds` = k adaptive rounds (KRW Thm 3.3). Only the index is released.
+
+  Args:
+    noise_multiplier: sigma > 0, the noise standard deviation per score.
+    num_candidates: m >= 1.
+    num_rounds: k >= 1.
+    monotonic: whether the scores are monotone in the dataset.
+  """
+
+  noise_multiplier: float
+  num_candidates: int
+  num_rounds: int = 1
+  monotonic: bool = False
+
+  def __post_init__(self):
+    object.__setattr__(self, "noise_multiplier",
+                       _validate.real("noise_multiplier", self.noise_multiplier, low=0.0, low_open=True))
+    object.__setattr__(self, "num_candidates", _validate.integer("num_candidates", self.num_candidates, low=1))
+    object.__setattr__(self, "num_rounds", _validate.integer("num_rounds", self.num_rounds, low=1))
+    if not isinstance(self.monotonic, bool):
+      raise ValueError(f"monotonic must be a bool, got {self.monotonic!r}")
+
+  @property
+  def score_sensitivity(self) -> float:
+    return 1.0 if self.monotonic else 2.0
+
+  def rdp(self, orders: np.ndarray) -> np.ndarray:
+    # KRW Thm 3.1 (Zhu & Wang 2022): per round eps_Delta(l) + log(m)/(l-1), with
+    # eps_Delta(l) = l Delta^2/(2 sigma^2) the Gaussian RDP; k rounds compose.
+    lam = np.asarray(orders, dtype=np.float64)
+    per_round = (lam * self.score_sensitivity ** 2 / (2.0 * self.noise_multiplier ** 2)
+                 + math.log(self.num_candidates) / (lam - 1.0))
+    return self.num_rounds * per_round
+
+
 def dp_event_rdp(event: dpa.DpEvent, orders: np.ndarray) -> np.ndarray:
   """RDP of a DpEvent from dp-accounting's RdpAccountant (add/remove-one)."""
   accountant = dpa.rdp.RdpAccountant(list(orders))
@@ -123,4 +183,4 @@ def dp_event_rdp(event: dpa.DpEvent, orders: np.ndarray) -> np.ndarray:
   return accountant.rdp
 
 
-PLAIN_GUARANTEES = (PureDp, Zcdp, RdpCurve)
+PLAIN_GUARANTEES = (PureDp, Zcdp, RdpCurve, ApproxDp, ReportNoisyMax)

@@ -1,0 +1,328 @@
+"""Privacy-profile (hockey-stick) bounds for private selection.
+
+Koskela, Redberg & Wang, "Privacy profiles for private selection" (ICML 2024),
+KRW below. Formulas are the reconstructions of REFERENCE section 4 (the
+extraction lost most of the math); every one is an instance of this recipe.
+
+**Shift recipe** (KRW Thm 4.1 with f(z) = (z - e^eps)_+). The best of K runs
+has law A(y) = Q(y) E_t[f'(q_y(t))], where q_y(t) = E_Q[g_t] for the
+post-processing g_t = 1[y' < y] + t 1[y' = y], t ~ U[0, 1], and likewise A'
+with the *same* g_t (f is the PGF of K). If f'(q)/f'(q') <= e^c for every pair
+(q, q') = (E_Q g, E_Q' g), then
+  [Q(y) f'(q) - e^eps Q'(y) f'(q')]_+ <= f'(q) [Q(y) - e^(eps-c) Q'(y)]_+,
+and f' <= f'(1) = m = E[K], so H_{e^eps}(A || A') <= m delta_Q(eps - c) for
+every real eps (the K = 0 atom is the same on both sides and adds nothing).
+Any (eps1, delta1 = delta_Q(eps1)) gives such a c: post-processing keeps
+q <= e^eps1 q' + delta1 and (1-q') <= e^eps1 (1-q) + delta1. The bound
+separates: eps_A(delta) = eps_Q(delta/m) + min_{eps1 >= 0} c(eps1). The
+minimisation over eps1 is numerical (a grid plus golden-section refinement):
+it may miss the optimum, which only loosens the bound; c is then evaluated
+exactly at the chosen eps1 with an upper bound of delta_Q, so the result stays
+valid.
+
+Per distribution of K (PGF f, m = E[K]):
+  * truncated negative binomial (KRW Thm 5.2; geometric eta = 1, logarithmic
+    eta = 0): f'(x) ~ (gamma + (1-gamma)(1-x))^(-eta-1), hence with u = 1-q,
+    u' = 1-q' and u' <= e^eps1 u + delta1:
+      c = (eta+1) log(e^eps1 + (1-gamma)/gamma delta1)              ["profile"]
+    **Refined** ("profile-refined", not in the paper). The ratio
+    (gamma + (1-gamma)(e^eps1 u + delta1)) / (gamma + (1-gamma) u) is a
+    linear-fractional function of u in [0, 1], hence monotone, so its maximum
+    is at u = 0 or u = 1:
+      c = (eta+1) log max(1 + (1-gamma)/gamma delta1,
+                          gamma + (1-gamma) e^eps1 + (1-gamma) delta1).
+    Both arguments are <= the printed one (gamma <= gamma e^eps1 and
+    (1-gamma) delta1 <= (1-gamma)/gamma delta1), so this is never looser.
+    Pure eps-DP (delta1 = 0 at eps1 = eps): (eta+2) eps (KRW Cor 5.3, PS Cor 3);
+    an (eps, delta)-DP point gives KRW Cor 5.4.
+  * Binomial(n, p) (KRW Thm 5.7): f'(q)/f'(q') = ((1-p+pq)/(1-p+pq'))^(n-1),
+    again linear-fractional in q', endpoints 1 + p delta1/(1-p) (q' = 0) and
+    1 + p(e^eps1 - 1) + p delta1 (q' = 1). The theorem takes the second and
+    requires eps1 >= log(1 + p/(1-p) delta1), where it is the larger;
+    c = (n-1) log(1 + p(e^eps1 - 1) + p delta1). c is non-decreasing in eps1 for
+    exact profiles, so we take the smallest eps1 meeting the condition
+    (bisection). "profile-refined" takes the max of both endpoints and needs no
+    condition (its minimum is the same point).
+  * Poisson(m) (KRW Cor 5.8): f'(q)/f'(q') = e^(m(q-q')),
+    c = m(e^eps1 - 1) + m delta1; refined (KRW App. C.8, from the complement
+    constraint): c = m(1 - e^-eps1 (1 - delta1)). Both equal m delta_Q(0) at
+    eps1 = 0, which is optimal for exact profiles.
+  * Fixed(k) and other laws: no profile theorem; `NotApplicableError`.
+
+Report Noisy Max (KRW Thm 3.2 / 3.3) is a base profile: see `profiles`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Optional
+
+import numpy as np
+
+from jaxdp.accounting import distributions as dist_lib
+from jaxdp.accounting import guarantees as g_lib
+from jaxdp.accounting import profiles as prof_lib
+from jaxdp.accounting.events import RepeatAndSelect
+
+_GRID = 160
+_GOLDEN_ITERS = 40
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileGuarantee:
+  """The (eps, delta) curve a profile method gives for a whole mechanism.
+
+  Attributes:
+    profile: the mechanism's privacy-profile upper bound.
+    theorem: which result produced it, for reports.
+    eps1: the eps1 chosen by the selection bound (None for a single run).
+    shift: the additive c(eps1) of the selection bound (0 for a single run).
+  """
+
+  profile: prof_lib.PrivacyProfile
+  theorem: str
+  eps1: Optional[float] = None
+  shift: float = 0.0
+
+  def epsilon(self, delta: float) -> float:
+    return float(self.profile.epsilon(delta))
+
+  def delta(self, epsilon: float) -> float:
+    return float(self.profile.delta(epsilon))
+
+
+# ----------------------------------------------------------------------------
+# c(eps1) for each distribution.  Each takes (eps1 array, delta1 array) -> c array.
+# ----------------------------------------------------------------------------
+
+def tnb_shift(eps1, delta1, eta: float, gamma: float, refined: bool = False) -> np.ndarray:
+  """c(eps1) of KRW Thm 5.2 (refined: linear-fractional endpoint maximum)."""
+  eps1, delta1 = np.asarray(eps1, dtype=np.float64), np.asarray(delta1, dtype=np.float64)
+  ratio = (1.0 - gamma) / gamma
+  if not refined:
+    inner = np.exp(eps1) + ratio * delta1
+  else:
+    inner = np.maximum(1.0 + ratio * delta1, gamma + (1.0 - gamma) * (np.exp(eps1) + delta1))
+  return (eta + 1.0) * np.log(inner)
+
+
+def poisson_shift(eps1, delta1, mean: float, refined: bool = False) -> np.ndarray:
+  """c(eps1) of KRW Cor 5.8 (refined: also App. C.8's complement form, take the min)."""
+  eps1, delta1 = np.asarray(eps1, dtype=np.float64), np.asarray(delta1, dtype=np.float64)
+  c = mean * (np.expm1(eps1) + delta1)
+  if refined:
+    c = np.minimum(c, mean * (-np.expm1(-eps1) + np.exp(-eps1) * delta1))
+  return c
+
+
+def binomial_shift(eps1, delta1, n: int, p: float, refined: bool = False) -> np.ndarray:
+  """c(eps1) of KRW Thm 5.7; +inf where its condition fails (unless refined)."""
+  eps1, delta1 = np.asarray(eps1, dtype=np.float64), np.asarray(delta1, dtype=np.float64)
+  upper = np.log1p(p * np.expm1(eps1) + p * delta1)
+  if p == 1.0:
+    lower = np.where(delta1 > 0, np.inf, 0.0)
+  else:
+    lower = np.log1p(p / (1.0 - p) * delta1)
+  if refined:
+    return (n - 1) * np.maximum(upper, lower)
+  ok = eps1 >= lower  # the theorem's condition eps1 >= log(1 + p/(1-p) delta(eps1))
+  return np.where(ok, (n - 1) * upper, np.inf)
+
+
+# ----------------------------------------------------------------------------
+# The eps1 search.
+# ----------------------------------------------------------------------------
+
+def minimise_shift(profile: prof_lib.PrivacyProfile, shift_fn: Callable, eps1_max: float,
+                   ) -> tuple[float, float]:
+  """(c*, eps1*) ~ min over eps1 in [0, eps1_max] of shift_fn(eps1, delta_Q(eps1)).
+
+  Grid search plus golden-section refinement around the best grid point; the
+  profile's pure epsilon (if any) is also tried. c* is always shift_fn evaluated
+  at eps1* with the profile's (upper-bound) delta, hence a valid shift.
+  """
+  eps1_max = max(float(eps1_max), 1e-9)
+  grid = np.linspace(0.0, eps1_max, _GRID)
+  if profile.pure_epsilon is not None and profile.pure_epsilon <= eps1_max:
+    grid = np.unique(np.append(grid, profile.pure_epsilon))
+  vals = np.asarray(shift_fn(grid, profile.delta(grid)), dtype=np.float64)
+  i = int(np.argmin(vals))
+  best_c, best_e = float(vals[i]), float(grid[i])
+  if not math.isfinite(best_c):
+    return best_c, best_e
+  lo, hi = float(grid[max(i - 1, 0)]), float(grid[min(i + 1, grid.size - 1)])
+  f = lambda e: float(shift_fn(np.array([e]), np.atleast_1d(profile.delta(np.array([e]))))[0])
+  inv_phi = (math.sqrt(5.0) - 1.0) / 2.0
+  a, b = lo, hi
+  x1, x2 = b - inv_phi * (b - a), a + inv_phi * (b - a)
+  f1, f2 = f(x1), f(x2)
+  for _ in range(_GOLDEN_ITERS):
+    if b - a < 1e-9:
+      break
+    if f1 <= f2:
+      b, x2, f2 = x2, x1, f1
+      x1 = b - inv_phi * (b - a)
+      f1 = f(x1)
+    else:
+      a, x1, f1 = x1, x2, f2
+      x2 = a + inv_phi * (b - a)
+      f2 = f(x2)
+  for e, c in ((x1, f1), (x2, f2)):
+    if c < best_c:
+      best_c, best_e = c, e
+  return best_c, best_e
+
+
+def _smallest_feasible_eps1(profile, n: int, p: float) -> float:
+  """Smallest eps1 with e^eps1 - 1 >= p/(1-p) delta(eps1) (KRW Thm 5.7's condition).
+
+  The left side increases and the right side decreases in eps1, so bisect;
+  return the upper end (feasible). eps1 = log(1/(1-p)) is always feasible.
+  """
+  def ok(e):
+    return float(np.expm1(e)) >= p / (1.0 - p) * float(profile.delta(e))
+  if ok(0.0):
+    return 0.0
+  lo, hi = 0.0, -math.log1p(-p)
+  for _ in range(100):
+    if hi - lo < 1e-12 * max(1.0, hi):
+      break
+    mid = 0.5 * (lo + hi)
+    if ok(mid):
+      hi = mid
+    else:
+      lo = mid
+  return hi
+
+
+def _pgf_mean(dist) -> float:
+  """E[K] = f'(1), never below the nominal mean (gamma is rounded towards larger means)."""
+  return max(float(dist.mean), float(dist.pgf_derivative(1.0)))
+
+
+def selection_guarantee(event, orders: Optional[np.ndarray] = None, refined: bool = False,
+                        ) -> ProfileGuarantee:
+  """The KRW profile bound for `event` (a `RepeatAndSelect` or a single run).
+
+  Args:
+    event: `RepeatAndSelect` (possibly nested) or a single run's base.
+    orders: RDP orders, used only for bases known only by an RDP curve.
+    refined: use the tighter c(eps1) derived in this module's docstring.
+
+  Returns:
+    A `ProfileGuarantee`.
+
+  Raises:
+    NotApplicableError: K's law has no profile theorem (e.g. `Fixed`), or a
+      theorem's condition cannot be met.
+  """
+  if not isinstance(event, RepeatAndSelect):
+    prof = prof_lib.base_profile(event, orders)
+    return ProfileGuarantee(prof, f"single run: {prof.description}")
+  inner = selection_guarantee(event.base, orders, refined)
+  prof, theorem, e1, c = select(inner.profile, event.distribution, refined)
+  where = (f" on {inner.theorem}" if isinstance(event.base, RepeatAndSelect)
+           else f"; base: {inner.profile.description}")
+  return ProfileGuarantee(prof, theorem + where, e1, c)
+
+
+def select(base: prof_lib.PrivacyProfile, dist: dist_lib.KDistribution, refined: bool = False,
+           ) -> tuple[prof_lib.PrivacyProfile, str, float, float]:
+  """Profile of the best of K ~ `dist` runs of a mechanism with profile `base`.
+
+  Returns:
+    (profile, theorem, eps1, c): the bound m * base.delta(eps - c) as a
+    profile, the theorem's name, and the chosen eps1 and shift c(eps1).
+
+  Raises:
+    NotApplicableError: no theorem for `dist`, or its condition fails.
+  """
+  m = _pgf_mean(dist)
+  tag = " (refined)" if refined else ""
+  if isinstance(dist, dist_lib.TruncatedNegativeBinomial):
+    eta, gamma = dist.eta, dist.gamma
+    shift_fn = lambda e, d: tnb_shift(e, d, eta, gamma, refined)
+    c0 = float(shift_fn(np.array([0.0]), np.atleast_1d(base.delta(np.array([0.0]))))[0])
+    # c(eps1) >= (eta+1) log(gamma + (1-gamma) e^eps1): beyond this eps1, c > c(0).
+    eps1_max = math.log(max((math.exp(c0 / (eta + 1.0)) - gamma) / (1.0 - gamma), 1.0))
+    c, e1 = minimise_shift(base, shift_fn, eps1_max)
+    name = {1.0: "geometric", 0.0: "logarithmic"}.get(eta, f"eta={eta:g}")
+    theorem = f"KRW Thm 5.2{tag} (TNB {name}, eps1={e1:.4g})"
+  elif isinstance(dist, dist_lib.Poisson):
+    shift_fn = lambda e, d: poisson_shift(e, d, dist.mean, refined)
+    d0 = float(base.delta(0.0))
+    c, e1 = minimise_shift(base, shift_fn, math.log1p(d0))
+    theorem = f"KRW Cor 5.8{tag} (Poisson, eps1={e1:.4g})"
+  elif isinstance(dist, dist_lib.Binomial):
+    n, p = dist.n, dist.p
+    shift_fn = lambda e, d: binomial_shift(e, d, n, p, refined)
+    if n == 1:
+      c, e1 = 0.0, 0.0
+    elif p == 1.0:
+      if base.pure_epsilon is None:
+        raise prof_lib.not_applicable(
+            "KRW Thm 5.7 with p = 1 needs delta(eps1) = 0 for some eps1 (a pure-DP base)")
+      e1 = base.pure_epsilon
+      c = float(shift_fn(np.array([e1]), np.array([0.0]))[0])
+    else:
+      e1 = _smallest_feasible_eps1(base, n, p)
+      c = float(shift_fn(np.array([e1]), np.atleast_1d(base.delta(np.array([e1]))))[0])
+      if refined:  # no condition: the grid may find a slightly smaller value
+        c2, e2 = minimise_shift(base, shift_fn, e1)
+        if c2 < c:
+          c, e1 = c2, e2
+    if not math.isfinite(c):
+      raise prof_lib.not_applicable("KRW Thm 5.7: no eps1 satisfies eps1 >= log(1 + p/(1-p) delta(eps1))")
+    theorem = f"KRW Thm 5.7{tag} (binomial, eps1={e1:.4g})"
+  else:
+    raise prof_lib.not_applicable(
+        f"no privacy-profile theorem for K ~ {dist!r} (KRW covers truncated negative "
+        "binomial, Poisson and binomial)")
+  return prof_lib.ScaledShiftedProfile(base, m, c, theorem), theorem, e1, c
+
+
+def rdp_not_applicable(event) -> Optional[str]:
+  """Why the RDP-based methods cannot account `event`, or None if they can."""
+  if isinstance(event, RepeatAndSelect):
+    return rdp_not_applicable(event.base)
+  if isinstance(event, g_lib.ApproxDp) and event.delta > 0:
+    return "an (eps, delta)-DP guarantee with delta > 0 bounds no Renyi divergence"
+  from jaxdp.accounting import liu_talwar  # pylint: disable=g-import-not-at-top
+  if isinstance(event, liu_talwar.ThresholdSelect):
+    return "no RDP theorem for Liu-Talwar's threshold algorithm; see method 'liu-talwar'"
+  return None
+
+
+def profile_method(event, orders: np.ndarray) -> ProfileGuarantee:
+  """Accountant method "profile": KRW bounds as printed (reconstructed)."""
+  _check_profile_applicable(event)
+  return selection_guarantee(event, orders, refined=False)
+
+
+def profile_refined_method(event, orders: np.ndarray) -> ProfileGuarantee:
+  """Accountant method "profile-refined": KRW bounds with the refined c(eps1)."""
+  _check_profile_applicable(event)
+  return selection_guarantee(event, orders, refined=True)
+
+
+def _check_profile_applicable(event):
+  from jaxdp.accounting import liu_talwar, subsampled  # pylint: disable=g-import-not-at-top
+  if isinstance(event, liu_talwar.ThresholdSelect):
+    raise prof_lib.not_applicable("KRW bounds cover repeat-and-select, not Liu-Talwar's threshold "
+                                  "algorithm; see method 'liu-talwar'")
+  if isinstance(event, subsampled.SubsampledTuning):
+    raise prof_lib.not_applicable("no privacy-profile theorem for tuning on a subset; "
+                                  "Koskela-Kulkarni's bounds are RDP (method 'rdp')")
+
+
+def corollary_6_2(eps1: float, delta1: float, eps_hat: float, dist: dist_lib.TruncatedNegativeBinomial,
+                  refined: bool = False) -> float:
+  """KRW Cor 6.2: Q is (eps1, delta1)-DP and (eps_hat, delta/m)-DP, K ~ D_{eta,gamma}
+  => A is (eps, delta)-DP with eps = eps_hat + (eta+1) log(e^eps1 + (1-gamma)/gamma delta1).
+
+  Used when candidates' guarantees differ (e.g. tuning sigma): each candidate
+  must meet both thresholds; see `profiles.MaxProfile` for the profile version.
+  """
+  c = float(tnb_shift(np.array([eps1]), np.array([delta1]), dist.eta, dist.gamma, refined)[0])
+  return eps_hat + c
