@@ -128,6 +128,9 @@ def _subset_rdp(event: ss.SubsampledTuning, orders: np.ndarray) -> Guarantee:
 
 def _rdp_method(event, orders: np.ndarray) -> Guarantee:
   """Papernot & Steinke bounds, chosen by the distribution of K."""
+  if isinstance(event, lt_lib.ThresholdSelect):
+    raise NotApplicableError("no RDP theorem for Liu-Talwar's threshold algorithm; "
+                             "see methods 'liu-talwar' and 'composition'")
   if isinstance(event, ss.SubsampledTuning):
     return _subset_rdp(event, orders)
   if not isinstance(event, RepeatAndSelect):
@@ -154,12 +157,22 @@ def _rdp_method(event, orders: np.ndarray) -> Guarantee:
                    _composed_pure(pure, dist))
 
 
+def _threshold_calls(event) -> dist_lib.KDistribution:
+  gamma, t = event.stop_prob, event.max_iterations
+  if gamma == 1.0:
+    return dist_lib.Fixed(1)
+  return lt_lib.CappedGeometric(gamma, t) if t is not None else dist_lib.Geometric(gamma=gamma)
+
+
 def _composed_pure(pure, dist):
   return pure * dist.max_k if (pure is not None and dist.max_k is not None) else None
 
 
 def _composition_method(event, orders: np.ndarray) -> Guarantee:
   """Composition of all K runs, as if every run were released."""
+  if isinstance(event, lt_lib.ThresholdSelect):
+    # Its output is a post-processing of the transcript of K ~ min(Geometric(gamma), T) calls.
+    event = RepeatAndSelect(event.base, _threshold_calls(event))
   if isinstance(event, ss.SubsampledTuning):
     # The subset only amplifies privacy, so tuning (composed) + final run is valid for both variants.
     tune, final = _subset_curves(event, orders, "composition")

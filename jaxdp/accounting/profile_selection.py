@@ -290,7 +290,7 @@ def rdp_not_applicable(event) -> Optional[str]:
     return "an (eps, delta)-DP guarantee with delta > 0 bounds no Renyi divergence"
   from jaxdp.accounting import liu_talwar  # pylint: disable=g-import-not-at-top
   if isinstance(event, liu_talwar.ThresholdSelect):
-    return "no RDP theorem for Liu-Talwar's threshold algorithm; see method 'liu-talwar'"
+    return rdp_not_applicable(event.base)  # "rdp" itself refuses it in the accountant
   return None
 
 

@@ -1,0 +1,135 @@
+"""Search spaces and candidates: what a sweep trains.
+
+A search space is a finite grid of hyperparameter values around a base
+`TrainConfig` (random search in the papers draws uniformly from such a grid).
+A candidate is one grid point plus a seed; its identity is a hash of both, so
+a pool on disk can tell which candidates are already trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import numbers
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from jaxdp import _validate
+from jaxdp.train import TrainConfig
+
+#: Hyperparameters a search space may vary (TrainConfig fields).
+TUNABLE = ("learning_rate", "l2_clip_norm", "noise_multiplier", "weight_decay", "sampling_prob",
+           "steps", "epochs", "optimizer", "momentum", "model", "activation")
+
+
+def _plain(value):
+  if isinstance(value, (np.integer,)):
+    return int(value)
+  if isinstance(value, (np.floating,)):
+    return float(value)
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+  """A finite grid: every combination of the listed values, applied to `base`.
+
+  Args:
+    base: the configuration every candidate starts from.
+    grid: hyperparameter name -> non-empty sequence of values (names from
+      `TUNABLE`). Values are checked by building every `TrainConfig`.
+  """
+
+  base: TrainConfig
+  grid: Mapping[str, Sequence[Any]]
+
+  def __post_init__(self):
+    if not isinstance(self.base, TrainConfig):
+      raise ValueError(f"base must be a TrainConfig, got {type(self.base).__name__}")
+    if not isinstance(self.grid, Mapping) or not self.grid:
+      raise ValueError(f"grid must be a non-empty mapping name -> values, got {self.grid!r}")
+    grid = {}
+    for name, values in self.grid.items():
+      if name not in TUNABLE:
+        raise ValueError(f"unknown hyperparameter {name!r}; tunable: {', '.join(TUNABLE)}")
+      if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) and not isinstance(values, np.ndarray):
+        raise ValueError(f"grid[{name!r}] must be a sequence of values, got {values!r}")
+      values = tuple(_plain(v) for v in values)
+      if not values:
+        raise ValueError(f"grid[{name!r}] must not be empty")
+      grid[name] = values
+    if "steps" in grid and "epochs" in grid:
+      raise ValueError("grid may vary steps or epochs, not both")
+    object.__setattr__(self, "grid", grid)
+    object.__setattr__(self, "_configs", tuple(self._build(p) for p in self._points()))
+
+  def _points(self):
+    names = list(self.grid)
+    for combo in itertools.product(*(self.grid[n] for n in names)):
+      yield dict(zip(names, combo))
+
+  def _build(self, point: dict) -> TrainConfig:
+    changes = dict(point)
+    if "steps" in changes:
+      changes["epochs"] = None
+    if "epochs" in changes:
+      changes["steps"] = None
+    return dataclasses.replace(self.base, **changes)
+
+  @property
+  def points(self) -> tuple:
+    """The grid points, as dicts name -> value, in a fixed order."""
+    return tuple(self._points())
+
+  @property
+  def configs(self) -> tuple:
+    """One `TrainConfig` per grid point, same order as `points`."""
+    return self._configs  # pylint: disable=no-member
+
+  def __len__(self) -> int:
+    return len(self.configs)
+
+  def events(self) -> list:
+    """The distinct DpEvents of the grid's configurations."""
+    seen = []
+    for c in self.configs:
+      ev = c.dp_event()
+      if ev not in seen:
+        seen.append(ev)
+    return seen
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """One grid point trained with one seed (the PRNG key is `jax.random.key(seed)`)."""
+
+  point: Mapping[str, Any]
+  config: TrainConfig
+  seed: int
+
+  def __post_init__(self):
+    _validate.integer("seed", self.seed, low=0, high=2**32 - 1)
+
+  @property
+  def id(self) -> str:
+    """Stable identity: hash of the grid point and the seed."""
+    return candidate_id(self.point, self.seed)
+
+
+def candidate_id(point: Mapping[str, Any], seed: int) -> str:
+  text = json.dumps({"point": {k: _plain(v) for k, v in point.items()}, "seed": int(seed)},
+                    sort_keys=True, default=str)
+  return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def grid_candidates(space: SearchSpace, seeds: Sequence[int]) -> list:
+  """Every grid point with every seed: what a pool for the trial simulator trains."""
+  if isinstance(seeds, numbers.Integral):
+    raise ValueError(f"seeds must be a sequence of integers, got {seeds!r}")
+  seeds = [_validate.integer("seed", s, low=0) for s in seeds]
+  if not seeds:
+    raise ValueError("seeds must not be empty")
+  return [Candidate(p, c, s) for p, c in zip(space.points, space.configs) for s in seeds]

@@ -1,0 +1,180 @@
+"""Private random search: draw K, train K candidates, release only the best.
+
+`random_search` is Papernot & Steinke's algorithm: the number of candidates K
+is random (K ~ `repetitions`), candidates are drawn uniformly from the grid
+and trained with the batched engine, and only the best one is released with
+the epsilon of the whole search (`acc.epsilon(..., method="best")`). The
+scores of the other candidates are *not* covered by that guarantee, so they
+are left out unless the caller opts in (and is warned).
+
+`threshold_search` is Liu & Talwar's Algorithm 1 with random stopping:
+release the first candidate whose score reaches a threshold; after each
+failure stop with probability `stop_prob` and release nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import jax
+import numpy as np
+
+from jaxdp import accounting as acc
+from jaxdp.data import Dataset
+from jaxdp.sweep import engine
+from jaxdp.sweep.space import Candidate, SearchSpace
+from jaxdp.train import TrainConfig
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TunedResult:
+  """What a private search releases.
+
+  Attributes:
+    hyperparameters: the selected grid point, or None when nothing is released
+      (K = 0, every candidate diverged, or the threshold was never reached):
+      the documented default output.
+    config: the selected candidate's `TrainConfig` (None likewise).
+    params: its trained parameters (None likewise).
+    score: its score (test accuracy), NaN if nothing is released.
+    num_candidates: how many candidates were trained (independent of the data).
+    epsilon: epsilon of the whole search at `delta`.
+    delta: target delta.
+    event: the accounted event.
+    accounting_method: the method that gave `epsilon` ("best" = tightest valid).
+    all_scores: every candidate's (grid point, score) only if requested with
+      `release_all_scores=True`; NOT covered by `epsilon`.
+  """
+
+  hyperparameters: Optional[Mapping[str, Any]]
+  config: Optional[TrainConfig]
+  params: Any
+  score: float
+  num_candidates: int
+  epsilon: float
+  delta: float
+  event: Any
+  accounting_method: str = "best"
+  all_scores: Optional[tuple] = None
+
+
+def _space(config_or_space, search_space) -> SearchSpace:
+  if isinstance(config_or_space, SearchSpace):
+    if search_space is not None:
+      raise ValueError("give either a SearchSpace or a (base config, grid) pair, not both")
+    return config_or_space
+  if not isinstance(config_or_space, TrainConfig):
+    raise ValueError(f"config must be a TrainConfig or SearchSpace, got {type(config_or_space).__name__}")
+  if search_space is None:
+    raise ValueError("search_space must be a mapping name -> values")
+  return SearchSpace(config_or_space, search_space)
+
+
+def _candidate_event(space: SearchSpace):
+  """One candidate's guarantee: its DpEvent, or the worst over the grid (KK Lemma 1)."""
+  events = space.events()
+  return events[0] if len(events) == 1 else acc.UniformCandidates(events)
+
+
+def _check_key(key):
+  if not isinstance(key, jax.Array) or not jax.numpy.issubdtype(key.dtype, jax.dtypes.prng_key):
+    raise ValueError(f"key must be a typed PRNG key from jax.random.key(seed), got {key!r}")
+
+
+def _draw_candidates(space: SearchSpace, n: int, key) -> list:
+  pick_key, seed_key = jax.random.split(key)
+  picks = np.asarray(jax.random.randint(pick_key, (n,), 0, len(space)))
+  seeds = np.asarray(jax.random.randint(seed_key, (n,), 0, np.iinfo(np.int32).max))
+  return [Candidate(space.points[i], space.configs[i], int(s)) for i, s in zip(picks, seeds)]
+
+
+def _release_scores(cands, results, release_all_scores):
+  if not release_all_scores:
+    return None
+  warnings.warn("release_all_scores=True: the scores of non-selected candidates are NOT covered "
+                "by the reported epsilon; publishing them leaks more than the guarantee states",
+                stacklevel=3)
+  return tuple((dict(c.point), r.score) for c, r in zip(cands, results))
+
+
+def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
+                  data: Dataset, *, repetitions: acc.KDistribution, key: jax.Array, delta: float = 1e-5,
+                  release_all_scores: bool = False, **engine_kwargs) -> TunedResult:
+  """Papernot-Steinke private random search.
+
+  Args:
+    config: the base `TrainConfig` (or a ready `SearchSpace`, then
+      `search_space` must be None).
+    search_space: grid name -> values (see `jaxdp.sweep.SearchSpace`).
+    data: private training data, public test data for the score.
+    repetitions: law of the number of candidates K, e.g. `acc.Poisson(10)`.
+    key: PRNG key for K, the draws and every candidate's training.
+    delta: delta at which the search's epsilon is reported.
+    release_all_scores: also return every candidate's score (warns: not
+      covered by the guarantee).
+    **engine_kwargs: passed to `jaxdp.sweep.train_candidates`.
+
+  Returns:
+    A `TunedResult` holding the selected candidate only.
+
+  Example:
+    result = random_search(config, {"learning_rate": [0.1, 0.3, 1.0]}, data,
+                           repetitions=acc.Poisson(mean=5), key=jax.random.key(0))
+  """
+  space = _space(config, search_space)
+  acc.distributions._check_dist(repetitions)  # pylint: disable=protected-access
+  _check_key(key)
+  event = acc.RepeatAndSelect(_candidate_event(space), repetitions)
+  eps = acc.epsilon(event, delta, method="best")  # fails early on a bad delta
+  k_key, draw_key = jax.random.split(key)
+  k = int(repetitions.sample(k_key))
+  cands = _draw_candidates(space, k, draw_key) if k else []
+  results = engine.train_candidates(cands, data, keep_params=True, **engine_kwargs) if k else []
+  scores = np.array([r.score for r in results], dtype=np.float64)
+  best = int(np.argmax(np.where(np.isnan(scores), -np.inf, scores))) if k else -1
+  released = k > 0 and not math.isnan(scores[best])
+  return TunedResult(
+      hyperparameters=dict(cands[best].point) if released else None,
+      config=cands[best].config if released else None,
+      params=results[best].params if released else None,
+      score=float(scores[best]) if released else float("nan"),
+      num_candidates=k, epsilon=eps, delta=delta, event=event,
+      all_scores=_release_scores(cands, results, release_all_scores))
+
+
+def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
+                     data: Dataset, *, threshold: float, stop_prob: float, key: jax.Array,
+                     max_candidates: Optional[int] = None, delta: float = 1e-5,
+                     release_all_scores: bool = False, **engine_kwargs) -> TunedResult:
+  """Liu-Talwar Algorithm 1 with random stopping.
+
+  For j = 1, 2, ...: train a random candidate; if its score >= `threshold`,
+  release it; otherwise stop with probability `stop_prob` and release nothing
+  (also after `max_candidates` candidates).
+
+  Candidates are trained one at a time, so no extra work is spent; epsilon is
+  `acc.epsilon(acc.ThresholdSelect(...), delta, "best")`.
+  """
+  space = _space(config, search_space)
+  _check_key(key)
+  event = acc.ThresholdSelect(_candidate_event(space), stop_prob, max_candidates)
+  eps = acc.epsilon(event, delta, method="best")
+  cands, results = [], []
+  j = 0
+  while max_candidates is None or j < max_candidates:
+    key, draw_key, stop_key = jax.random.split(key, 3)
+    cand = _draw_candidates(space, 1, draw_key)[0]
+    res = engine.train_candidates([cand], data, keep_params=True, **engine_kwargs)[0]
+    cands.append(cand)
+    results.append(res)
+    j += 1
+    if not math.isnan(res.score) and res.score >= threshold:
+      return TunedResult(dict(cand.point), cand.config, res.params, res.score, j, eps, delta, event,
+                         all_scores=_release_scores(cands, results, release_all_scores))
+    if bool(jax.random.bernoulli(stop_key, stop_prob)):
+      break
+  return TunedResult(None, None, None, float("nan"), j, eps, delta, event,
+                     all_scores=_release_scores(cands, results, release_all_scores))

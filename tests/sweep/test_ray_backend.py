@@ -1,0 +1,38 @@
+"""The Ray backend fills the same pool as the local engine, against a local Ray instance."""
+
+import os
+
+import pytest
+
+from jaxdp.sweep import SearchSpace, engine, grid_candidates, run_sweep
+from jaxdp.sweep.ray_backend import train_candidates_ray
+
+ray = pytest.importorskip("ray", reason="the Ray backend is optional: pip install 'jaxdp[ray]'")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+  # Workers train on one host device each; the flag is inherited through the environment.
+  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+           runtime_env={"env_vars": {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}})
+  yield
+  ray.shutdown()
+
+
+def test_ray_backend_matches_local_engine_and_resumes(local_ray, tmp_path, digits, base_config):
+  cands = grid_candidates(SearchSpace(base_config, {"learning_rate": [0.5, 1.0, 2.0]}), seeds=[0, 1])
+  fp = {"ray": True}
+  # First a partial local sweep, then the Ray backend completes the same pool.
+  run_sweep(cands[:2], digits, tmp_path, fp, progress=False)
+  pool = run_sweep(cands, digits, tmp_path, fp, progress=False, trainer=train_candidates_ray, chunk_size=2)
+  assert pool.done_ids() == {c.id for c in cands}
+  by_id = {r["id"]: r for r in pool.records}
+  local = engine.train_candidates(cands, digits)
+  for c, res in zip(cands, local):
+    assert by_id[c.id]["test_accuracy"] == pytest.approx(res.test_accuracy, abs=1e-6)
+    assert by_id[c.id]["epsilon"] == res.epsilon
+
+
+def test_bad_chunk_size(local_ray, digits, base_config):
+  with pytest.raises(ValueError, match="chunk_size"):
+    train_candidates_ray([], digits, chunk_size=0)
