@@ -1,0 +1,89 @@
+"""Shared plumbing for the experiment scripts: start-up, outputs, manifests."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+
+def expose_host_devices() -> None:
+  """Expose every CPU core as a JAX device (must run before JAX initialises).
+
+  On CPUs the sweep engine gets its parallelism from devices; on accelerators
+  the flag only affects the (unused) host platform.
+  """
+  if "jax" in sys.modules:
+    return
+  flag = f"--xla_force_host_platform_device_count={os.cpu_count() or 1}"
+  if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+
+
+class UsageError(ValueError):
+  """A bad command-line value; the scripts print it and exit with code 2."""
+
+
+def check_writable_dir(path: str, what: str = "--out") -> str:
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as err:
+    raise UsageError(f"{what} {path!r} cannot be created: {err.strerror}") from None
+  if not os.path.isdir(path) or not os.access(path, os.W_OK):
+    raise UsageError(f"{what} {path!r} is not a writable directory")
+  return path
+
+
+@contextlib.contextmanager
+def staged_outputs(out_dir: str):
+  """Files are written into a staging directory and moved into `out_dir` only
+  when the block succeeds, so a failed run never leaves a partial figure that
+  looks complete."""
+  stage = tempfile.mkdtemp(prefix=".staging-", dir=out_dir)
+  try:
+    yield stage
+    for name in sorted(os.listdir(stage)):
+      os.replace(os.path.join(stage, name), os.path.join(out_dir, name))
+  finally:
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def package_versions() -> dict:
+  out = {"python": sys.version.split()[0]}
+  for name in ("jaxdp", "jax", "jaxlib", "flax", "optax", "dp-accounting", "numpy", "scipy", "matplotlib"):
+    try:
+      out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      out[name] = None
+  return out
+
+
+def device_list() -> list:
+  import jax  # pylint: disable=g-import-not-at-top
+  return [f"{d.platform}:{d.id} {getattr(d, 'device_kind', '')}".strip() for d in jax.devices()]
+
+
+class Stopwatch:
+  """Wall time per named stage, for the manifest."""
+
+  def __init__(self):
+    self.stages = {}
+
+  @contextlib.contextmanager
+  def stage(self, name: str):
+    t0 = time.perf_counter()
+    print(f"[{name}] ...", flush=True)
+    yield
+    self.stages[name] = round(time.perf_counter() - t0, 2)
+    print(f"[{name}] done in {self.stages[name]:.1f} s", flush=True)
+
+
+def write_json(path: str, obj) -> None:
+  with open(path, "w") as f:
+    json.dump(obj, f, indent=2, default=str)
+    f.write("\n")

@@ -1,0 +1,92 @@
+"""Figure 7 pipeline end to end on a tiny configuration, dry run, and bad input."""
+
+import csv
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments import fig7
+
+TINY = dataclasses.replace(fig7.PROFILES["quick"], name="tiny", dataset="digits", model="logreg", epochs=2,
+                           batch_size=64, learning_rates=(0.1, 1.0, 10.0), seeds=(0, 1),
+                           expected_ks=(1.5, 3, 8))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("fig7")
+  code = fig7.main(["--profile", "tiny", "--out", str(out), "--pool-dir", str(out / "pool")],
+                   profiles={"tiny": TINY})
+  assert code == 0
+  return out
+
+
+def test_outputs_and_csv(tiny_run):
+  for name in ("fig7.png", "fig7.pdf", "fig7.csv", "fig7.json"):
+    assert (tiny_run / name).stat().st_size > 0
+  rows = list(csv.DictReader(open(tiny_run / "fig7.csv")))
+  assert tuple(rows[0]) == fig7.CSV_COLUMNS
+  curves = {(r["panel"], r["distribution"]) for r in rows}
+  assert {d for _, d in curves} == {"Poisson", "TNB eta=-0.5", "TNB eta=0", "TNB eta=0.5", "TNB eta=1",
+                                    "naive fixed K"}
+  for panel, dist in curves:
+    pts = sorted((r for r in rows if r["panel"] == panel and r["distribution"] == dist),
+                 key=lambda r: float(r["expected_k"]))
+    eps = [float(r["epsilon"]) for r in pts]
+    assert np.all(np.diff(eps) > 0), (panel, dist)  # epsilon grows with E[K]
+    for r in pts:
+      assert 0.0 <= float(r["accuracy_mean"]) <= 1.0
+      assert int(r["trials"]) == fig7.N_TRIALS
+  best = {(r["distribution"], r["expected_k"]): float(r["epsilon"]) for r in rows if r["panel"] == "best"}
+  rdp = {(r["distribution"], r["expected_k"]): float(r["epsilon"]) for r in rows if r["panel"] == "rdp"}
+  assert all(best[k] <= rdp[k] + 1e-12 for k in rdp)
+
+
+def test_manifest_is_complete(tiny_run):
+  m = json.load(open(tiny_run / "fig7.json"))
+  for key in ("profile", "train_config", "seeds", "learning_rates", "packages", "devices", "wall_time_s",
+              "single_run_epsilon", "pool_size", "delta", "trials"):
+    assert key in m, key
+  assert m["pool_size"] == len(TINY.learning_rates) * len(TINY.seeds)
+  assert set(m["wall_time_s"]) >= {"load data", "plot"}
+  assert m["packages"]["jax"] and m["packages"]["dp-accounting"]
+  single = m["single_run_epsilon"]["rdp"]
+  rows = list(csv.DictReader(open(tiny_run / "fig7.csv")))
+  # The single-run reference lies left of every tuned point except K = 1 repetition.
+  assert all(float(r["epsilon"]) > single - 1e-9 for r in rows if r["panel"] == "rdp")
+
+
+def test_rerun_resumes_from_the_pool(tiny_run, capsys):
+  code = fig7.main(["--profile", "tiny", "--out", str(tiny_run), "--pool-dir", str(tiny_run / "pool")],
+                   profiles={"tiny": TINY})
+  assert code == 0
+  assert "pool: 6 candidates] done" in capsys.readouterr().out
+
+
+def test_pool_of_another_configuration_is_refused(tiny_run, tmp_path, capsys):
+  other = dataclasses.replace(TINY, epochs=3)
+  code = fig7.main(["--profile", "tiny", "--out", str(tmp_path), "--pool-dir", str(tiny_run / "pool")],
+                   profiles={"tiny": other})
+  assert code == 2
+  assert "different sweep" in capsys.readouterr().err
+  assert not os.path.exists(tmp_path / "fig7.png")  # nothing half-written
+
+
+def test_unwritable_output_and_unknown_profile(tmp_path, capsys):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  assert fig7.main(["--out", str(blocker / "sub")]) == 2
+  assert "cannot be created" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as exc:
+    fig7.main(["--profile", "huge"])
+  assert exc.value.code == 2
+
+
+def test_dry_run_builds_the_paper_profile_and_runs_one_step(capsys):
+  assert fig7.main(["--profile", "paper", "--dry-run"]) == 0
+  out = capsys.readouterr().out
+  assert "papernot_steinke_cnn" in out and "one DP step ran: steps=1" in out
+  assert "steps per run: 14062" in out or "steps per run: 14063" in out
