@@ -5,7 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test test-slow figures-analytic figures-profiles clean
+PROFILE ?= quick
+OUT ?= figures
+
+.PHONY: venv test test-slow reproduce-fig7 reproduce-fig1 figures-analytic figures-profiles figures-subsampled clean
 
 venv: $(STAMP)
 
@@ -21,11 +24,21 @@ test: venv
 test-slow: venv
 	$(PY) -m pytest -q -m slow
 
+# The main job: Papernot-Steinke Fig. 7 (and Koskela-Kulkarni Fig. 7), PROFILE=quick|paper.
+reproduce-fig7: venv
+	$(PY) -m experiments.fig7 --profile $(PROFILE) --out $(OUT)
+
+reproduce-fig1: venv
+	$(PY) -m experiments.fig1 --out $(OUT)
+
 figures-analytic: venv
-	$(PY) -m experiments.analytic_figures --out figures
+	$(PY) -m experiments.analytic_figures --out $(OUT)
 
 figures-profiles: venv
-	$(PY) -m experiments.profile_figures --out figures
+	$(PY) -m experiments.profile_figures --out $(OUT)
+
+figures-subsampled: venv
+	$(PY) -m experiments.kk_fig1 --out $(OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

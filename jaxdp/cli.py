@@ -130,6 +130,20 @@ def _account(args) -> int:
   return 0
 
 
+_FIGURES = {
+    "fig7": ("experiments.fig7", "Papernot-Steinke Fig. 7: DP-SGD learning-rate search, accuracy vs epsilon"),
+    "fig1": ("experiments.fig1", "Papernot-Steinke Fig. 1: a tuned SVM hyperparameter reveals outliers"),
+    "analytic": ("experiments.analytic_figures", "Papernot-Steinke Figs. 2-6 (pure accounting)"),
+    "profiles": ("experiments.profile_figures", "Koskela-Redberg-Wang figures (pure accounting)"),
+}
+
+
+def _reproduce(args) -> int:
+  import importlib  # pylint: disable=g-import-not-at-top
+  module = importlib.import_module(_FIGURES[args.figure][0])
+  return module.main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="jaxdp", description="Differentially private hyperparameter tuning in JAX.")
@@ -151,6 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--orders", metavar="LIST", help="comma-separated RDP orders > 1 (default: dp-accounting's grid)")
   p.add_argument("--json", action="store_true", help="print a JSON object")
   p.set_defaults(func=_account)
+  r = sub.add_parser(
+      "reproduce", formatter_class=argparse.RawTextHelpFormatter,
+      help="reproduce a figure of the papers (PNG, PDF, CSV, JSON)",
+      description="Reproduce a figure; options after the figure name go to its script\n"
+                  "(e.g. --profile quick|paper, --out DIR; see `jaxdp reproduce FIGURE --help`).\n\n"
+                  + "\n".join(f"  {k:<9} {v[1]}" for k, v in _FIGURES.items()))
+  r.add_argument("figure", choices=list(_FIGURES))
+  r.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the figure's script")
+  r.set_defaults(func=_reproduce)
   return parser
 
 

@@ -81,3 +81,11 @@ def test_console_script_help_and_error_without_traceback():
   bad = subprocess.run([sys.executable, "-m", "jaxdp.cli", "account", "--base", "pure:eps=-1"],
                        capture_output=True, text=True)
   assert bad.returncode == 2 and "epsilon must be in" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_reproduce_dispatches_to_the_figure_scripts(tmp_path, capsys):
+  assert cli.main(["reproduce", "fig1", "--out", str(tmp_path), "--datasets", "1"]) == 0
+  assert (tmp_path / "fig1.png").exists()
+  with pytest.raises(SystemExit) as exc:
+    cli.main(["reproduce", "fig99"])
+  assert exc.value.code == 2
