@@ -145,9 +145,9 @@ def plot(rows: list, single_run: dict, profile: Profile, path_base: str) -> None
   plt.close(fig)
 
 
-def _load_data(profile: Profile):
+def _load_data(profile: Profile, data_dir: Optional[str] = None):
   from jaxdp.data import load_dataset  # pylint: disable=g-import-not-at-top
-  return load_dataset(profile.dataset)
+  return load_dataset(profile.dataset, data_dir)
 
 
 def dry_run(profile: Profile) -> int:
@@ -172,7 +172,7 @@ def dry_run(profile: Profile) -> int:
   return 0
 
 
-def run(profile: Profile, out_dir: str, pool_dir: str) -> dict:
+def run(profile: Profile, out_dir: str, pool_dir: str, data_dir: Optional[str] = None) -> dict:
   """The whole pipeline; returns the manifest."""
   import jax  # pylint: disable=g-import-not-at-top
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
@@ -180,7 +180,7 @@ def run(profile: Profile, out_dir: str, pool_dir: str) -> dict:
 
   watch = common.Stopwatch()
   with watch.stage("load data"):
-    data = _load_data(profile)
+    data = _load_data(profile, data_dir)
   n = profile.num_train or int(data.train.inputs.shape[0])
   config = base_config(profile, n)
   space = SearchSpace(config, {"learning_rate": list(profile.learning_rates)})
@@ -226,6 +226,8 @@ def build_parser(profiles: dict = PROFILES) -> argparse.ArgumentParser:
   parser.add_argument("--out", default="figures", help="output directory (default: figures)")
   parser.add_argument("--pool-dir", default=None,
                       help="durable pool of trained candidates (default: runs/fig7-<profile>); rerun to resume")
+  parser.add_argument("--data-dir", default=None,
+                      help="TFDS data directory (paper profile), e.g. one filled by `tfds build mnist`")
   parser.add_argument("--dry-run", action="store_true",
                       help="build the profile's configuration and run one DP step, then stop")
   return parser
@@ -235,14 +237,15 @@ def main(argv: Optional[Sequence[str]] = None, profiles: Optional[dict] = None) 
   profiles = profiles or PROFILES
   args = build_parser(profiles).parse_args(argv)
   profile = profiles[args.profile]
+  from jaxdp.data import DatasetUnavailableError  # pylint: disable=g-import-not-at-top
   from jaxdp.sweep import PoolMismatchError  # pylint: disable=g-import-not-at-top
   try:
     if args.dry_run:
       return dry_run(profile)
     out = common.check_writable_dir(args.out)
     pool_dir = args.pool_dir or os.path.join("runs", f"fig7-{profile.name}")
-    manifest = run(profile, out, pool_dir)
-  except (common.UsageError, PoolMismatchError) as err:
+    manifest = run(profile, out, pool_dir, args.data_dir)
+  except (common.UsageError, PoolMismatchError, DatasetUnavailableError) as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
   print(f"wrote {os.path.join(out, 'fig7.png')} (+ .pdf, .csv, .json); wall time {manifest['wall_time_s']}")
