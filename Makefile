@@ -27,6 +27,7 @@ test-slow: venv
 # The main job: Papernot-Steinke Fig. 7 (and Koskela-Kulkarni Fig. 7), PROFILE=quick|paper.
 reproduce-fig7: venv
 	$(PY) -m experiments.fig7 --profile $(PROFILE) --out $(OUT)
+	$(PY) -m experiments.kk_fig7 --profile $(PROFILE) --out $(OUT)
 
 reproduce-fig1: venv
 	$(PY) -m experiments.fig1 --out $(OUT)

@@ -23,6 +23,7 @@ from jaxdp.accounting.accountant import NotApplicableError
 from jaxdp.accounting.accountant import rdp_curve
 from jaxdp.accounting.accountant import Report
 from jaxdp.accounting.accountant import report
+from jaxdp.accounting.calibration import calibrate_noise_grid
 from jaxdp.accounting.distributions import Binomial
 from jaxdp.accounting.distributions import expected_quantile
 from jaxdp.accounting.distributions import Fixed

@@ -25,6 +25,7 @@ from typing import Any, Callable, NamedTuple
 import dp_accounting
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from dp_accounting import rdp
 
@@ -389,13 +390,32 @@ def check_model_input(spec: LoopSpec) -> None:
                      f"{out.shape[1:]}, expected ({spec.num_classes},)")
 
 
-def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array) -> CandidateResult:
+def _check_initial_params(given: PyTree, expected: PyTree) -> PyTree:
+  """`given` cast to the model's dtypes, after checking it matches its parameter tree."""
+  if jax.tree.structure(given) != jax.tree.structure(expected):
+    raise ValueError(f"initial_params must have the model's parameter structure "
+                     f"{jax.tree.structure(expected)}, got {jax.tree.structure(given)}")
+  for g, e in zip(jax.tree.leaves(given), jax.tree.leaves(expected)):
+    if tuple(jnp.shape(g)) != tuple(e.shape):
+      raise ValueError(f"initial_params leaf has shape {tuple(jnp.shape(g))}, the model needs {tuple(e.shape)}")
+  # Through the host, so arrays placed or sharded elsewhere (e.g. by the sweep
+  # engine) do not make the jitted loop recompile for a new input sharding.
+  return jax.tree.map(lambda g, e: jnp.asarray(np.asarray(g), e.dtype), given, expected)
+
+
+def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
+                    initial_params: PyTree | None = None) -> CandidateResult:
   """Trains one candidate with DP and scores it on the public test set.
 
   Args:
     config: the candidate's configuration.
     data: a `jaxdp.data.Dataset` (train is private, test is public).
     key: PRNG key; the same key gives the same result.
+    initial_params: optional warm start (e.g. a model released by a private
+      search; Koskela & Kulkarni 2023 warm-start the final run from the tuned
+      model). It must have the structure and shapes of the model's
+      parameters. None (default): the usual random initialisation. The key is
+      split exactly as without it, so the DP noise and batches are the same.
 
   Returns:
     The `CandidateResult`.  A diverging run returns score NaN; it never raises.
@@ -416,7 +436,10 @@ def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array) -> Candi
   init_fn, loop_fn, eval_fn = _compiled(spec, config.execution.eval_batch_size)
 
   init_key, loop_key = jax.random.split(key)
-  params = init_fn(init_key)
+  if initial_params is None:
+    params = init_fn(init_key)
+  else:
+    params = _check_initial_params(initial_params, jax.eval_shape(init_fn, init_key))
   out = loop_fn(params, config.hparams(), loop_key,
                 jnp.asarray(data.train.inputs, jnp.float32), jnp.asarray(data.train.labels, jnp.int32))
   finite = bool(out.finite)

@@ -1,0 +1,156 @@
+"""Noise calibration over a grid of DP-SGD (sampling rate, length) pairs.
+
+Koskela & Kulkarni (NeurIPS 2023, Sec. 5 and App. F) tune hyperparameters that
+change a candidate's own privacy, the sampling rate gamma and the number of
+epochs, and give every candidate the smallest noise multiplier sigma that
+keeps that single run within a fixed per-candidate (epsilon, delta) target.
+`calibrate_noise_grid` computes that sigma for every grid point by bisection on
+dp-accounting's RDP accountant (the subsampled-Gaussian RDP of Mironov, Talwar
+& Zhang 2019, converted to (epsilon, delta) by dp-accounting's conversion).
+
+Rounding is always towards more noise: the returned sigma has been checked to
+meet the target, and sigma / (1 + rtol) was found not to.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import dp_accounting as dpa
+import numpy as np
+
+from jaxdp import _validate
+from jaxdp.accounting.guarantees import DEFAULT_ORDERS
+
+# Below this sigma we stop looking for a smaller one (the answer is then this bound).
+_SIGMA_MIN = 1e-3
+
+
+def _dpsgd_epsilon(sampling_prob: float, sigma: float, steps: int, delta: float, orders) -> float:
+  """RDP epsilon of `steps` Poisson-subsampled Gaussian steps (add/remove-one)."""
+  event = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(sampling_prob, dpa.GaussianDpEvent(sigma)), steps)
+  return float(dpa.rdp.RdpAccountant(orders).compose(event).get_epsilon(delta))
+
+
+def _as_grid_array(name: str, values, *, low: float, low_open: bool) -> np.ndarray:
+  try:
+    arr = np.asarray(values, dtype=np.float64)
+  except (TypeError, ValueError):
+    raise ValueError(f"{name} must be a real number or an array of them, got {values!r}") from None
+  if arr.size == 0:
+    raise ValueError(f"{name} must not be empty, got {values!r}")
+  if not np.all(np.isfinite(arr)):
+    raise ValueError(f"{name} must contain only finite numbers, got {values!r}")
+  bad = arr[(arr <= low) if low_open else (arr < low)]
+  if bad.size:
+    raise ValueError(f"every entry of {name} must be in {'(' if low_open else '['}{low!r}, inf), got {bad.flat[0]!r}")
+  return arr
+
+
+def calibrate_noise_grid(sampling_probs, epochs=None, *, steps=None, target_epsilon, target_delta: float,
+                         orders: Optional[Sequence[float]] = None, rtol: float = 1e-4,
+                         sigma_max: float = 1e3) -> np.ndarray:
+  """Smallest DP-SGD noise multiplier per (sampling rate, epochs) grid point.
+
+  For every grid point (gamma, T) with T = round(epochs / gamma) (the rule of
+  `jaxdp.train.TrainConfig.num_steps`) or T = steps, returns the smallest
+  sigma (within `rtol`) such that T steps of the Poisson-subsampled Gaussian
+  with rate gamma are (target_epsilon, target_delta)-DP by the RDP accountant
+  (Koskela & Kulkarni 2023, Sec. 5: per-candidate calibration when gamma and
+  epochs are tuned).
+
+  Args:
+    sampling_probs: gamma, scalar or array, entries in (0, 1].
+    epochs: epochs, scalar or array broadcastable against `sampling_probs`,
+      entries > 0. Exactly one of `epochs` and `steps` must be given.
+    steps: number of DP steps instead of epochs (integers >= 1).
+    target_epsilon: per-candidate epsilon > 0 (scalar or broadcastable array).
+    target_delta: delta in (0, 1).
+    orders: RDP orders (> 1); None uses dp-accounting's default orders (those
+      of `acc.epsilon(..., method="rdp")`).
+    rtol: relative tolerance in (0, 1]: sigma meets the target and
+      sigma / (1 + rtol) was found not to (unless sigma is the 1e-3 floor).
+    sigma_max: give up above this noise multiplier.
+
+  Returns:
+    float64 array of sigma with the broadcast shape of the inputs (a 0-d
+    array for scalar inputs).
+
+  Raises:
+    ValueError: a bad argument, or a grid point (named in the message) that
+      not even `sigma_max` brings within the target.
+
+  Guarantees:
+    Every returned sigma has epsilon(gamma, sigma, T) <= target_epsilon by
+    `dpa.rdp.RdpAccountant(orders)` (rounding towards more noise).
+
+  Example:
+    >>> from jaxdp import accounting as acc
+    >>> float(acc.calibrate_noise_grid(128 / 6000, 40, target_epsilon=1.0, target_delta=1e-5).round(2))
+    3.85
+  """
+  if (epochs is None) == (steps is None):
+    raise ValueError(f"exactly one of epochs and steps must be given, got epochs={epochs!r}, steps={steps!r}")
+  gammas = _as_grid_array("sampling_probs", sampling_probs, low=0.0, low_open=True)
+  if np.any(gammas > 1.0):
+    raise ValueError(f"every entry of sampling_probs must be in (0.0, 1.0], got {gammas[gammas > 1.0].flat[0]!r}")
+  if steps is not None:
+    lengths = _as_grid_array("steps", steps, low=1.0, low_open=False)
+    if np.any(lengths != np.floor(lengths)):
+      raise ValueError(f"steps must be integers >= 1, got {lengths[lengths != np.floor(lengths)].flat[0]!r}")
+  else:
+    lengths = _as_grid_array("epochs", epochs, low=0.0, low_open=True)
+  targets = _as_grid_array("target_epsilon", target_epsilon, low=0.0, low_open=True)
+  target_delta = _validate.probability("target_delta", target_delta)
+  rtol = _validate.real("rtol", rtol, low=0.0, low_open=True, high=1.0)
+  sigma_max = _validate.real("sigma_max", sigma_max, low=_SIGMA_MIN, low_open=True)
+  orders = list(DEFAULT_ORDERS) if orders is None else list(_validate.real_array("orders", orders, low=1.0,
+                                                                                 low_open=True))
+  try:
+    gammas, lengths, targets = np.broadcast_arrays(gammas, lengths, targets)
+  except ValueError:
+    raise ValueError(f"sampling_probs {gammas.shape}, {'steps' if steps is not None else 'epochs'} "
+                     f"{lengths.shape} and target_epsilon {targets.shape} do not broadcast") from None
+
+  out = np.empty(gammas.shape, dtype=np.float64)
+  cache: dict = {}
+  for idx in np.ndindex(gammas.shape):
+    gamma, target = float(gammas[idx]), float(targets[idx])
+    num_steps = int(lengths[idx]) if steps is not None else int(round(float(lengths[idx]) / gamma))
+    if num_steps < 1:
+      raise ValueError(f"grid point sampling_prob={gamma!r}, epochs={float(lengths[idx])!r} gives "
+                       "round(epochs / sampling_prob) = 0 steps; need >= 1")
+    point = (gamma, num_steps, target)
+    if point not in cache:
+      where = (f"sampling_prob={gamma!r}, steps={num_steps}"
+               + ("" if steps is not None else f" (epochs={float(lengths[idx])!r})"))
+      cache[point] = _smallest_sigma(
+          lambda s, g=gamma, t=num_steps: _dpsgd_epsilon(g, s, t, target_delta, orders),
+          target, sigma_max, rtol, where, target_delta)
+    out[idx] = cache[point]
+  return out
+
+
+def _smallest_sigma(eps_fn, target: float, sigma_max: float, rtol: float, where: str, delta: float) -> float:
+  """Geometric bisection; invariant: eps_fn(hi) <= target < eps_fn(lo)."""
+  # epsilon decreases in sigma for the subsampled Gaussian, so bracket by doubling.
+  hi = min(1.0, sigma_max)
+  while eps_fn(hi) > target:
+    if hi >= sigma_max:
+      raise ValueError(f"no noise_multiplier <= sigma_max={sigma_max!r} meets target_epsilon={target!r} at "
+                       f"target_delta={delta!r} for grid point {where} (sigma_max gives epsilon="
+                       f"{eps_fn(sigma_max):.6g}); raise sigma_max, the target, or shorten training")
+    hi = min(2.0 * hi, sigma_max)
+  lo = hi / 2.0
+  while eps_fn(lo) <= target:
+    hi, lo = lo, lo / 2.0
+    if hi <= _SIGMA_MIN:
+      return hi
+  while hi / lo > 1.0 + rtol:
+    mid = math.sqrt(lo * hi)
+    if eps_fn(mid) <= target:
+      hi = mid
+    else:
+      lo = mid
+  return hi

@@ -1,0 +1,222 @@
+"""Private tuning on a random subset, then one final run (Koskela & Kulkarni, NeurIPS 2023).
+
+`subsampled_search` is their Algorithm 1:
+
+  1. Poisson-sample the tuning subset X1 from the training set X with rate q;
+  2. run the Papernot-Steinke private random search (K ~ `repetitions`) on X1
+     with the batched sweep engine;
+  3. extrapolate the selected hyperparameters to the final training set
+     (DP-SGD: learning rate x n/m, n = final set size, m = |X1|, because the
+     update is the clipped-gradient sum divided by the expected batch gamma*N
+     and KK Sec. 4 keep the per-step noise-to-signal ratio; DP-Adam is scale
+     invariant, so its learning rate is kept); C, sigma, gamma and T are kept;
+  4. train the final model once on X \\ X1 (variant 1) or X (variant 2),
+     optionally warm-started from the tuned model.
+
+The released outputs (the tuned candidate and the final model) satisfy
+`acc.epsilon(acc.SubsampledTuning(...), delta, "best")`: KK Thm 1 for variant
+1, Zhu-Wang subsampling composed with the final run for variant 2. When the
+grid changes a candidate's privacy (gamma, epochs, sigma) the candidate and
+the final run are accounted as `acc.UniformCandidates` over the grid's events
+(KK Lemma 1), since which one runs depends on the data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import jax
+import numpy as np
+
+from jaxdp import _validate
+from jaxdp import accounting as acc
+from jaxdp.data import DataSplit, Dataset
+from jaxdp.sweep import engine
+from jaxdp.sweep.space import SearchSpace
+from jaxdp.train import TrainConfig, train_candidate
+from jaxdp.tuning import search as search_lib
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SubsampledResult:
+  """What `subsampled_search` returns.
+
+  Released (covered by `epsilon`): `params`, `final_config`,
+  `final_hyperparameters`, `tuned_hyperparameters`, `tuned_score`,
+  `test_accuracy`. Not to be published: `subset_mask` (which examples were in
+  X1; returned so callers can audit the split).
+
+  Attributes:
+    params: the final model's parameters.
+    final_config: the extrapolated `TrainConfig` of the final run.
+    tuned_hyperparameters: the grid point selected on X1 (before
+      extrapolation), or None if the search released nothing (then the final
+      run uses the first grid point, a data-independent default).
+    final_hyperparameters: the same with the extrapolated learning rate.
+    learning_rate_factor: n / m for DP-SGD, 1 for DP-Adam.
+    tuned_score: the selected candidate's test accuracy on the subset (NaN
+      if nothing was released).
+    test_accuracy: the final model's test accuracy (NaN if it diverged).
+    num_candidates: K, candidates trained on X1.
+    subset_size: m = |X1|.
+    final_train_size: n, examples the final model was trained on.
+    variant: 1 or 2.
+    q: subset sampling rate.
+    epsilon: epsilon of the whole procedure at `delta`.
+    delta: target delta.
+    event: the accounted `acc.SubsampledTuning`.
+    gradient_evaluations: sum over every training run (the K tuning runs and
+      the final one) of planned steps x expected batch (gamma x training set
+      size).
+    baseline_gradient_evaluations: expected cost of Papernot-Steinke on all
+      of X: E[K] x (mean over the grid of steps x gamma) x |X|.
+    subset_mask: boolean mask over `data.train` of X1 (private; see above).
+  """
+
+  params: Any
+  final_config: TrainConfig
+  tuned_hyperparameters: Optional[Mapping[str, Any]]
+  final_hyperparameters: Mapping[str, Any]
+  learning_rate_factor: float
+  tuned_score: float
+  test_accuracy: float
+  num_candidates: int
+  subset_size: int
+  final_train_size: int
+  variant: int
+  q: float
+  epsilon: float
+  delta: float
+  event: Any
+  gradient_evaluations: float
+  baseline_gradient_evaluations: float
+  subset_mask: np.ndarray = dataclasses.field(repr=False, default=None)
+
+  @property
+  def compute_ratio(self) -> float:
+    """Baseline gradient evaluations divided by those spent here."""
+    return self.baseline_gradient_evaluations / self.gradient_evaluations
+
+
+def _check_variant(variant) -> int:
+  if isinstance(variant, bool) or variant not in (1, 2):
+    raise ValueError(f"variant must be 1 (final run on X \\ X1) or 2 (final run on X), got {variant!r}")
+  return int(variant)
+
+
+def _split(data: Dataset, mask: np.ndarray, name: str) -> Dataset:
+  return Dataset(name=f"{data.name}[{name}]", train=DataSplit(data.train.inputs[mask], data.train.labels[mask]),
+                 test=data.test, num_classes=data.num_classes)
+
+
+def _cost(config: TrainConfig, num_examples: int) -> float:
+  """Planned steps x expected batch size: per-example gradients of one run."""
+  return float(config.num_steps * config.sampling_prob * num_examples)
+
+
+def extrapolate(config: TrainConfig, subset_size: int, final_size: int) -> tuple[TrainConfig, float]:
+  """KK Sec. 4 extrapolation from m tuning examples to n final examples.
+
+  Args:
+    config: the configuration selected on the subset.
+    subset_size: m >= 1.
+    final_size: n >= 1.
+
+  Returns:
+    (final config, learning-rate factor): DP-SGD scales the learning rate by
+    n / m; DP-Adam keeps it. Clip norm, sigma, sampling rate and steps are
+    kept, so the final run's DpEvent equals the candidate's.
+  """
+  m = _validate.integer("subset_size", subset_size, low=1)
+  n = _validate.integer("final_size", final_size, low=1)
+  factor = n / m if config.optimizer == "sgd" else 1.0
+  return dataclasses.replace(config, learning_rate=config.learning_rate * factor), factor
+
+
+def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
+                      data: Dataset, *, q: float, variant: int, repetitions: acc.KDistribution,
+                      key: jax.Array, delta: float = 1e-5, warm_start: bool = False,
+                      **engine_kwargs) -> SubsampledResult:
+  """Koskela-Kulkarni private tuning on a Poisson subset, then one final run.
+
+  Args:
+    config: base `TrainConfig` (or a ready `SearchSpace`; then
+      `search_space` must be None).
+    search_space: grid name -> values (see `jaxdp.sweep.SearchSpace`).
+    data: private training data X and public test data (the score).
+    q: subset sampling rate in (0, 1).
+    variant: 1 (final model on X \\ X1; KK Thm 1) or 2 (on X; Zhu-Wang).
+    repetitions: law of K, e.g. `acc.Poisson(mean=10)` (KK use Poisson).
+    key: PRNG key for the subset, K, the draws and every training run.
+    delta: delta at which epsilon is reported.
+    warm_start: start the final run from the tuned model's parameters.
+    **engine_kwargs: passed to `jaxdp.sweep.train_candidates` for the tuning.
+
+  Returns:
+    A `SubsampledResult`.
+
+  Raises:
+    ValueError: bad arguments, or an empty subset / empty final training set
+      (q |X| too small or too large for this data set).
+
+  Example:
+    res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data, q=0.2,
+                            variant=1, repetitions=acc.Poisson(5), key=jax.random.key(0))
+    res.epsilon, res.test_accuracy, res.compute_ratio
+  """
+  space = search_lib._space(config, search_space)  # pylint: disable=protected-access
+  if not isinstance(data, Dataset):
+    raise ValueError(f"data must be a jaxdp.data.Dataset, got {type(data).__name__}")
+  q = _validate.probability("q", q)
+  variant = _check_variant(variant)
+  acc.distributions._check_dist(repetitions)  # pylint: disable=protected-access
+  search_lib._check_key(key)  # pylint: disable=protected-access
+  if not isinstance(warm_start, bool):
+    raise ValueError(f"warm_start must be a bool, got {warm_start!r}")
+  candidate = search_lib._candidate_event(space)  # pylint: disable=protected-access
+  tune_event = acc.RepeatAndSelect(candidate, repetitions)
+  # The final run's DpEvent is the selected candidate's (extrapolation keeps
+  # gamma, sigma, T); which candidate is data-dependent, so account the worst.
+  event = acc.SubsampledTuning(tune=tune_event, final=candidate, q=q, variant=variant)
+  eps = acc.epsilon(event, delta, method="best")  # also fails early on a bad delta
+
+  subset_key, search_key, final_key = jax.random.split(key, 3)
+  num_train = int(data.train.inputs.shape[0])
+  # Poisson subsampling: each example joins X1 independently w.p. q (KK Alg. 1).
+  mask = np.asarray(jax.random.bernoulli(subset_key, q, (num_train,)))
+  m = int(mask.sum())
+  final_mask = ~mask if variant == 1 else np.ones_like(mask)
+  n = int(final_mask.sum())
+  if m == 0 or n == 0:
+    raise ValueError(f"q={q!r} on {num_train} training examples drew |X1|={m} and a final set of {n}; "
+                     "both must be non-empty (use a larger data set or a q further from 0 and 1)")
+  subset = _split(data, mask, f"X1, q={q:g}")
+
+  # Papernot-Steinke random search on X1, with the same key use as `random_search`.
+  k_key, draw_key = jax.random.split(search_key)
+  k = int(repetitions.sample(k_key))
+  cands = search_lib._draw_candidates(space, k, draw_key) if k else []  # pylint: disable=protected-access
+  results = engine.train_candidates(cands, subset, keep_params=True, **engine_kwargs) if k else []
+  scores = np.array([r.score for r in results], dtype=np.float64)
+  best = int(np.argmax(np.where(np.isnan(scores), -np.inf, scores))) if k else -1
+  released = k > 0 and not math.isnan(scores[best])
+  chosen_point = dict(cands[best].point) if released else dict(space.points[0])
+  chosen = cands[best].config if released else space.configs[0]
+
+  final_config, factor = extrapolate(chosen, m, n)
+  final_data = _split(data, final_mask, "X \\ X1" if variant == 1 else "X")
+  warm = results[best].params if (warm_start and released) else None
+  final = train_candidate(final_config, final_data, final_key, initial_params=warm)
+
+  spent = sum(_cost(c.config, m) for c in cands) + _cost(final_config, n)
+  mean_cost = float(np.mean([_cost(c, num_train) for c in space.configs]))
+  final_point = dict(chosen_point, learning_rate=final_config.learning_rate)
+  return SubsampledResult(
+      params=final.params, final_config=final_config,
+      tuned_hyperparameters=chosen_point if released else None, final_hyperparameters=final_point,
+      learning_rate_factor=factor, tuned_score=float(scores[best]) if released else float("nan"),
+      test_accuracy=float(final.test_accuracy), num_candidates=k, subset_size=m, final_train_size=n,
+      variant=variant, q=q, epsilon=eps, delta=float(delta), event=event, gradient_evaluations=spent,
+      baseline_gradient_evaluations=repetitions.mean * mean_cost, subset_mask=mask)

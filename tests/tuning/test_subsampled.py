@@ -1,0 +1,159 @@
+"""Koskela-Kulkarni tuning on a Poisson subset (`subsampled_search`)."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdp import accounting as acc
+from jaxdp.data import DataSplit, Dataset
+from jaxdp.train import init_params, LoopSpec, train_candidate
+from jaxdp.tuning import extrapolate, subsampled_search
+
+GRID = {"learning_rate": [0.3, 1.0, 3.0]}
+REPS = acc.Poisson(mean=3)
+
+
+def _run(base_config, digits, two_devices, **kw):
+  # One candidate per device: every K reuses one compilation (keeps the tests fast).
+  kwargs = dict(q=0.3, variant=1, repetitions=REPS, key=jax.random.key(3), devices=two_devices,
+                max_candidates_per_device=1)
+  kwargs.update(kw)
+  return subsampled_search(base_config, GRID, digits, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def v1(digits, base_config, two_devices):
+  return _run(base_config, digits, two_devices)
+
+
+def _subset(data, mask):
+  return Dataset(name="check", train=DataSplit(data.train.inputs[mask], data.train.labels[mask]),
+                 test=data.test, num_classes=data.num_classes)
+
+
+def test_epsilon_is_the_accountants(v1, base_config):
+  ev = acc.SubsampledTuning(tune=acc.RepeatAndSelect(base_config.dp_event(), REPS), final=base_config.dp_event(),
+                            q=0.3, variant=1)
+  assert v1.epsilon == acc.epsilon(ev, 1e-5, "best")
+  assert v1.event == ev
+  # Cheaper in privacy than Papernot-Steinke on all the data, dearer than one run.
+  assert acc.epsilon(base_config.dp_event(), 1e-5) < v1.epsilon
+  assert v1.epsilon < acc.epsilon(acc.RepeatAndSelect(base_config.dp_event(), REPS), 1e-5, "best")
+
+
+def test_variant1_trains_the_final_model_on_exactly_the_complement(v1, digits):
+  n_all = digits.train.inputs.shape[0]
+  mask = v1.subset_mask
+  assert mask.shape == (n_all,) and mask.dtype == bool
+  assert v1.subset_size == mask.sum() and v1.final_train_size == n_all - mask.sum()
+  assert 0.2 * n_all < v1.subset_size < 0.4 * n_all  # Poisson(q = 0.3) subset
+  # Retrain independently on X \ X1 with the documented key: identical parameters.
+  final_key = jax.random.split(jax.random.key(3), 3)[2]
+  again = train_candidate(v1.final_config, _subset(digits, ~mask), final_key)
+  for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(v1.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert again.test_accuracy == v1.test_accuracy
+  # ... and not what training on all of X gives.
+  other = train_candidate(v1.final_config, digits, final_key)
+  assert not np.array_equal(np.asarray(jax.tree.leaves(other.params)[0]), np.asarray(jax.tree.leaves(v1.params)[0]))
+
+
+def test_variant2_trains_on_all_data_and_composes(digits, base_config, two_devices, v1):
+  v2 = _run(base_config, digits, two_devices, variant=2)
+  assert v2.final_train_size == digits.train.inputs.shape[0]
+  np.testing.assert_array_equal(v2.subset_mask, v1.subset_mask)  # same key, same X1
+  assert v2.learning_rate_factor == pytest.approx(v2.final_train_size / v2.subset_size)
+  ev = dataclasses.replace(v1.event, variant=2)
+  assert v2.epsilon == acc.epsilon(ev, 1e-5, "best")
+
+
+def test_sgd_learning_rate_is_extrapolated_by_n_over_m(v1):
+  factor = v1.final_train_size / v1.subset_size
+  assert v1.learning_rate_factor == pytest.approx(factor)
+  assert v1.tuned_hyperparameters["learning_rate"] in GRID["learning_rate"]
+  assert v1.final_config.learning_rate == pytest.approx(v1.tuned_hyperparameters["learning_rate"] * factor)
+  assert v1.final_hyperparameters["learning_rate"] == v1.final_config.learning_rate
+  assert 0.5 < v1.test_accuracy <= 1.0 and 0.5 < v1.tuned_score <= 1.0
+
+
+def test_adam_keeps_the_learning_rate_and_privacy_parameters(base_config):
+  adam = dataclasses.replace(base_config, optimizer="adam", learning_rate=0.01)
+  out, factor = extrapolate(adam, 400, 1000)
+  assert factor == 1.0 and out.learning_rate == 0.01
+  sgd, factor = extrapolate(base_config, 400, 1000)
+  assert factor == 2.5 and sgd.learning_rate == pytest.approx(2.5)
+  assert sgd.dp_event() == base_config.dp_event()  # C, sigma, gamma, T kept
+
+
+def test_compute_is_counted(v1, base_config, digits):
+  cost = base_config.num_steps * base_config.sampling_prob
+  expected = cost * (v1.num_candidates * v1.subset_size + v1.final_train_size)
+  assert v1.gradient_evaluations == pytest.approx(expected)
+  assert v1.baseline_gradient_evaluations == pytest.approx(REPS.mean * cost * digits.train.inputs.shape[0])
+  assert v1.compute_ratio == pytest.approx(v1.baseline_gradient_evaluations / v1.gradient_evaluations)
+
+
+def test_same_key_same_result(v1, digits, base_config, two_devices):
+  again = _run(base_config, digits, two_devices)
+  assert again.tuned_hyperparameters == v1.tuned_hyperparameters and again.num_candidates == v1.num_candidates
+  assert again.test_accuracy == v1.test_accuracy
+  np.testing.assert_array_equal(again.subset_mask, v1.subset_mask)
+  # Another key draws another X1 (K = 0 here: only the final run trains).
+  other = _run(base_config, digits, two_devices, key=jax.random.key(4), repetitions=acc.Poisson(mean=1e-9))
+  assert not np.array_equal(other.subset_mask, v1.subset_mask)
+
+
+def test_privacy_changing_grid_is_accounted_by_uniform_candidates(digits, base_config, two_devices):
+  grid = {"noise_multiplier": [0.8, 2.0]}
+  res = subsampled_search(base_config, grid, digits, q=0.3, variant=1, repetitions=acc.Poisson(mean=2),
+                          key=jax.random.key(3), devices=two_devices, max_candidates_per_device=1)
+  events = [dataclasses.replace(base_config, noise_multiplier=s).dp_event() for s in (0.8, 2.0)]
+  cand = acc.UniformCandidates(events)
+  ev = acc.SubsampledTuning(tune=acc.RepeatAndSelect(cand, acc.Poisson(mean=2)), final=cand, q=0.3, variant=1)
+  assert res.epsilon == acc.epsilon(ev, 1e-5, "best")
+  assert res.final_config.noise_multiplier == res.tuned_hyperparameters["noise_multiplier"]
+
+
+def test_warm_start_and_k_zero(digits, base_config, two_devices, v1):
+  warm = _run(base_config, digits, two_devices, warm_start=True)
+  assert warm.tuned_hyperparameters == v1.tuned_hyperparameters
+  assert not np.array_equal(np.asarray(jax.tree.leaves(warm.params)[0]), np.asarray(jax.tree.leaves(v1.params)[0]))
+  none = _run(base_config, digits, two_devices, repetitions=acc.Poisson(mean=1e-9))
+  assert none.num_candidates == 0 and none.tuned_hyperparameters is None
+  # Nothing released: the final run uses the first grid point (data-independent), extrapolated.
+  assert none.final_hyperparameters["learning_rate"] == pytest.approx(0.3 * none.learning_rate_factor)
+
+
+def test_train_candidate_initial_params(digits, base_config):
+  key = jax.random.key(0)
+  default = train_candidate(base_config, digits, key)
+  spec = LoopSpec.from_config(base_config, digits)
+  same = train_candidate(base_config, digits, key,
+                         initial_params=init_params(spec, jax.random.split(key)[0]))
+  for a, b in zip(jax.tree.leaves(default.params), jax.tree.leaves(same.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  bad = jax.tree.map(lambda x: x[..., :1], default.params)
+  with pytest.raises(ValueError, match="initial_params leaf has shape"):
+    train_candidate(base_config, digits, key, initial_params=bad)
+  with pytest.raises(ValueError, match="initial_params must have the model's parameter structure"):
+    train_candidate(base_config, digits, key, initial_params={"w": np.zeros(3)})
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(q=0.0), r"q must be in \(0.0, 1.0\)"),
+    (dict(q=1.0), r"q must be in \(0.0, 1.0\)"),
+    (dict(q=-0.5), "q must be"),
+    (dict(variant=3), "variant must be 1"),
+    (dict(variant=True), "variant must be 1"),
+    (dict(key=0), "key must be a typed PRNG key"),
+    (dict(delta=0.0), "delta"),
+    (dict(q=1e-6), r"\|X1\|=0"),
+    (dict(warm_start="yes"), "warm_start"),
+])
+def test_bad_input(digits, base_config, kw, match):
+  kwargs = dict(q=0.3, variant=1, repetitions=REPS, key=jax.random.key(0))
+  kwargs.update(kw)
+  with pytest.raises(ValueError, match=match):
+    subsampled_search(base_config, GRID, digits, **kwargs)
