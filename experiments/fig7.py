@@ -129,7 +129,9 @@ def plot(rows: list, single_run: dict, profile: Profile, path_base: str) -> None
       style = "--" if label.startswith("naive") else "-"
       ax.plot(x, y, style, marker="o", ms=3, color=colors(i), label=label)
       ax.fill_between(x, y - se, y + se, color=colors(i), alpha=0.2, lw=0)
-    ax.axvline(single_run[panel], color="k", ls=":", lw=1.2, label=f"single run (eps={single_run[panel]:.2f})")
+    ax.axvline(single_run[panel], color="k", ls=":", lw=1.2, label="single run")
+    ax.annotate(f" one run\n eps={single_run[panel]:.2f}", (single_run[panel], 0.02), xycoords=("data", "axes fraction"),
+                fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel(f"total epsilon of the search (delta = {DELTA:g})")
     ax.set_title(title, fontsize=10)
