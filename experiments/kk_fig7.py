@@ -91,24 +91,10 @@ PROFILES = {
 }
 
 
-def _calibrated_space_cls():
-  """A SearchSpace whose sigma is looked up per (gamma, epochs): KK's calibrated grid."""
-  from jaxdp.sweep import SearchSpace  # pylint: disable=g-import-not-at-top
-
-  @dataclasses.dataclass(frozen=True)
-  class CalibratedSpace(SearchSpace):
-    noise: dict = dataclasses.field(default_factory=dict)  # (gamma, epochs) -> sigma
-
-    def _build(self, point):
-      config = super()._build(point)
-      return dataclasses.replace(config, noise_multiplier=self.noise[(config.sampling_prob, config.epochs)])
-
-  return CalibratedSpace
-
-
 def build_space(profile: Profile, num_train: int, target_epsilon: float):
   """The profile's grid with sigma calibrated per (gamma, epochs) to `target_epsilon`."""
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
+  from jaxdp.sweep import SearchSpace  # pylint: disable=g-import-not-at-top
   from jaxdp.train import TrainConfig  # pylint: disable=g-import-not-at-top
   gammas = [b / num_train for b in profile.batch_sizes]
   sigma = acc.calibrate_noise_grid(np.array(gammas)[:, None], np.array(profile.epochs, float)[None, :],
@@ -120,7 +106,8 @@ def build_space(profile: Profile, num_train: int, target_epsilon: float):
                      activation=profile.activation, target_delta=DELTA)
   grid = {"sampling_prob": gammas, "epochs": [float(e) for e in profile.epochs],
           "learning_rate": list(profile.learning_rates)}
-  return _calibrated_space_cls()(base, grid, noise=noise), noise
+  calibrated = lambda c: dataclasses.replace(c, noise_multiplier=noise[(c.sampling_prob, c.epochs)])
+  return SearchSpace(base, grid, derive=calibrated), noise
 
 
 def _load_data(profile: Profile):

@@ -179,11 +179,31 @@ def dp_event_rdp(event: dpa.DpEvent, orders: np.ndarray) -> np.ndarray:
   Cached per (event, orders): subsampled-Gaussian RDP at fractional orders
   costs ~0.1 s, and sweeps over distributions of K ask for the same base often.
   """
-  return _dp_event_rdp_cached(event, tuple(float(o) for o in orders)).copy()
+  return _dp_event_rdp(event, tuple(float(o) for o in orders)).copy()
 
 
-@functools.lru_cache(maxsize=256)
-def _dp_event_rdp_cached(event: dpa.DpEvent, orders: tuple) -> np.ndarray:
+def cache_per_event(maxsize: int):
+  """LRU cache keyed by the (event, *args) call; unhashable events (e.g. a
+  ComposedDpEvent built from a list) are computed without caching."""
+
+  def wrap(fn):
+    cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+    @functools.wraps(fn)
+    def call(event, *args):
+      try:
+        hash(event)
+      except TypeError:
+        return fn(event, *args)
+      return cached(event, *args)
+
+    return call
+
+  return wrap
+
+
+@cache_per_event(maxsize=256)
+def _dp_event_rdp(event: dpa.DpEvent, orders: tuple) -> np.ndarray:
   accountant = dpa.rdp.RdpAccountant(list(orders))
   if not accountant.supports(event):
     raise UnsupportedBaseError(

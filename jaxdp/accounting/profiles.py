@@ -38,7 +38,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional, Sequence
 
@@ -267,10 +266,10 @@ def _suffix_delta(table, eps):
   return np.maximum(val, 0.0) + 8.0 * np.finfo(np.float64).eps * upper[idx]
 
 
-@functools.lru_cache(maxsize=32)
+@g_lib.cache_per_event(maxsize=32)
 def _pld(event, interval):
   # Composition (an FFT per self-composition) is the expensive part: ~0.4 s for
-  # DP-SGD with 14063 steps. Events are frozen and hashable, so cache per event.
+  # DP-SGD with 14063 steps, so it is cached per event.
   accountant = dpa.pld.PLDAccountant(value_discretization_interval=interval)
   accountant.compose(event)
   pld = accountant._pld  # pylint: disable=protected-access

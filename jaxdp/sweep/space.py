@@ -13,7 +13,7 @@ import hashlib
 import itertools
 import json
 import numbers
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -41,10 +41,14 @@ class SearchSpace:
     base: the configuration every candidate starts from.
     grid: hyperparameter name -> non-empty sequence of values (names from
       `TUNABLE`). Values are checked by building every `TrainConfig`.
+    derive: optional `TrainConfig -> TrainConfig` applied to every grid point,
+      for settings that depend on others (e.g. sigma calibrated per sampling
+      rate and epochs, Koskela & Kulkarni Sec. 4.1).
   """
 
   base: TrainConfig
   grid: Mapping[str, Sequence[Any]]
+  derive: Optional[Callable[[TrainConfig], TrainConfig]] = None
 
   def __post_init__(self):
     if not isinstance(self.base, TrainConfig):
@@ -63,6 +67,8 @@ class SearchSpace:
       grid[name] = values
     if "steps" in grid and "epochs" in grid:
       raise ValueError("grid may vary steps or epochs, not both")
+    if self.derive is not None and not callable(self.derive):
+      raise ValueError(f"derive must be a callable TrainConfig -> TrainConfig, got {self.derive!r}")
     object.__setattr__(self, "grid", grid)
     object.__setattr__(self, "_configs", tuple(self._build(p) for p in self._points()))
 
@@ -77,7 +83,13 @@ class SearchSpace:
       changes["epochs"] = None
     if "epochs" in changes:
       changes["steps"] = None
-    return dataclasses.replace(self.base, **changes)
+    config = dataclasses.replace(self.base, **changes)
+    if self.derive is None:
+      return config
+    derived = self.derive(config)
+    if not isinstance(derived, TrainConfig):
+      raise ValueError(f"derive must return a TrainConfig, got {type(derived).__name__}")
+    return derived
 
   @property
   def points(self) -> tuple:

@@ -113,3 +113,13 @@ def test_zero_privacy_loss_base_stays_private():
 def test_non_private_base_gives_infinite_epsilon():
   ev = acc.RepeatAndSelect(dpa.NonPrivateDpEvent(), acc.Poisson(mean=4))
   assert math.isinf(acc.epsilon(ev, 1e-5))
+
+
+def test_unhashable_composed_events_are_accounted_by_every_method():
+  # dp-accounting's ComposedDpEvent accepts a list, which makes it unhashable.
+  listed = dpa.ComposedDpEvent([dpa.GaussianDpEvent(4.0), dpa.LaplaceDpEvent(3.0)])
+  tupled = dpa.ComposedDpEvent((dpa.GaussianDpEvent(4.0), dpa.LaplaceDpEvent(3.0)))
+  for method in ("rdp", "composition", "profile", "best"):
+    a = acc.epsilon(acc.RepeatAndSelect(listed, acc.Poisson(mean=3)), 1e-5, method)
+    b = acc.epsilon(acc.RepeatAndSelect(tupled, acc.Poisson(mean=3)), 1e-5, method)
+    assert a == b

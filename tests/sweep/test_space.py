@@ -1,5 +1,7 @@
 """Search spaces and candidates: validation and identity."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -38,3 +40,14 @@ def test_bad_candidates(base_config):
     grid_candidates(SearchSpace(base_config, {"learning_rate": [1.0]}), seeds=3)
   with pytest.raises(ValueError, match="base must be a TrainConfig"):
     SearchSpace({"learning_rate": 1.0}, {"learning_rate": [1.0]})
+
+
+def test_derive_couples_settings_to_the_grid(base_config):
+  sigma = {0.05: 1.5, 0.1: 2.5}
+  space = SearchSpace(base_config, {"sampling_prob": [0.05, 0.1]},
+                      derive=lambda c: dataclasses.replace(c, noise_multiplier=sigma[c.sampling_prob]))
+  assert [c.noise_multiplier for c in space.configs] == [1.5, 2.5]
+  with pytest.raises(ValueError, match="derive must return a TrainConfig"):
+    SearchSpace(base_config, {"sampling_prob": [0.05]}, derive=lambda c: None)
+  with pytest.raises(ValueError, match="derive must be a callable"):
+    SearchSpace(base_config, {"sampling_prob": [0.05]}, derive=3)
