@@ -29,6 +29,18 @@ class UsageError(ValueError):
   """A bad command-line value; the scripts print it and exit with code 2."""
 
 
+def profile_parser(prog: str, doc: str, profiles, profile_help: str):
+  """The options every figure pipeline shares: --profile, --out, --dry-run."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--profile", default="quick", choices=sorted(profiles), help=profile_help)
+  parser.add_argument("--out", default="figures", help="output directory (default: figures)")
+  parser.add_argument("--dry-run", action="store_true",
+                      help="build the profile's configuration and run one DP step, then stop")
+  return parser
+
+
 def check_writable_dir(path: str, what: str = "--out") -> str:
   try:
     os.makedirs(path, exist_ok=True)

@@ -221,17 +221,12 @@ def run(profile: Profile, out_dir: str, pool_dir: str, data_dir: Optional[str] =
 
 
 def build_parser(profiles: dict = PROFILES) -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="python -m experiments.fig7", description=__doc__.split("\n\n")[0],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--profile", default="quick", choices=sorted(profiles),
-                      help="quick: offline, 2-core CPU (default); paper: the paper's setting, for accelerators")
-  parser.add_argument("--out", default="figures", help="output directory (default: figures)")
+  parser = common.profile_parser("python -m experiments.fig7", __doc__, profiles,
+                                 "quick: offline, 2-core CPU (default); paper: the paper's setting, for accelerators")
   parser.add_argument("--pool-dir", default=None,
                       help="durable pool of trained candidates (default: runs/fig7-<profile>); rerun to resume")
   parser.add_argument("--data-dir", default=None,
                       help="TFDS data directory (paper profile), e.g. one filled by `tfds build mnist`")
-  parser.add_argument("--dry-run", action="store_true",
-                      help="build the profile's configuration and run one DP step, then stop")
   return parser
 
 

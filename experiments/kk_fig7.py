@@ -289,26 +289,21 @@ def run(profile: Profile, out_dir: str) -> dict:
 
 
 def build_parser(profiles: dict = PROFILES) -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="python -m experiments.kk_fig7", description=__doc__.split("\n\n")[0],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--profile", default="quick", choices=sorted(profiles),
-                      help="quick: offline, 2-core CPU (default); paper / paper-fashion: for accelerators")
-  parser.add_argument("--out", default="figures", help="output directory (default: figures)")
-  parser.add_argument("--dry-run", action="store_true",
-                      help="build the profile's configuration and run one DP step, then stop")
-  return parser
+  return common.profile_parser("python -m experiments.kk_fig7", __doc__, profiles,
+                               "quick: offline, 2-core CPU (default); paper / paper-fashion: for accelerators")
 
 
 def main(argv: Optional[Sequence[str]] = None, profiles: Optional[dict] = None) -> int:
   profiles = profiles or PROFILES
   args = build_parser(profiles).parse_args(argv)
   profile = profiles[args.profile]
+  from jaxdp.data import DatasetUnavailableError  # pylint: disable=g-import-not-at-top
   try:
     if args.dry_run:
       return dry_run(profile)
     out = common.check_writable_dir(args.out)
     manifest = run(profile, out)
-  except common.UsageError as err:
+  except (common.UsageError, DatasetUnavailableError) as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
   for m, ratio in manifest["compute_ratio_baseline_over"].items():
