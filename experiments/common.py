@@ -99,3 +99,21 @@ def write_json(path: str, obj) -> None:
   with open(path, "w") as f:
     json.dump(obj, f, indent=2, default=str)
     f.write("\n")
+
+
+def run_one_dp_step(config, dataset: str) -> None:
+  """Dry run: one DP step of `config` on `dataset`, or on the offline MNIST
+  digits with the same model and hyperparameters when TFDS cannot download."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from jaxdp.data import DatasetUnavailableError, load_dataset  # pylint: disable=g-import-not-at-top
+  from jaxdp.train import train_candidate  # pylint: disable=g-import-not-at-top
+  try:
+    data = load_dataset(dataset)
+  except DatasetUnavailableError as err:
+    print(f"  {err}\n  -> dry run continues on 'mnist_offline' with the same model and hyperparameters")
+    data = load_dataset("mnist_offline")
+  one_step = dataclasses.replace(config, epochs=None, steps=1)
+  res = train_candidate(one_step, data, jax.random.key(0))
+  print(f"  one DP step ran: steps={res.steps}, test accuracy {res.test_accuracy:.3f}, "
+        f"{res.wall_time_s:.1f} s (compilation included)")

@@ -154,23 +154,12 @@ def _load_data(profile: Profile, data_dir: Optional[str] = None):
 
 def dry_run(profile: Profile) -> int:
   """Builds the profile's configuration and runs one DP step (CI-sized check)."""
-  import jax  # pylint: disable=g-import-not-at-top
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
-  from jaxdp.data import DatasetUnavailableError, load_dataset  # pylint: disable=g-import-not-at-top
-  from jaxdp.train import train_candidate  # pylint: disable=g-import-not-at-top
   config = base_config(profile, profile.num_train or 60000)
   print(f"profile {profile.name}: {config}")
   print(f"  steps per run: {config.num_steps}; epsilon of one run at delta={DELTA:g}: "
         f"{acc.epsilon(config.dp_event(), DELTA, 'rdp'):.4f} (rdp)")
-  try:
-    data = load_dataset(profile.dataset)
-  except DatasetUnavailableError as err:
-    print(f"  {err}\n  -> dry run continues on 'mnist_offline' with the same model and hyperparameters")
-    data = load_dataset("mnist_offline")
-  one_step = dataclasses.replace(config, epochs=None, steps=1)
-  res = train_candidate(one_step, data, jax.random.key(0))
-  print(f"  one DP step ran: steps={res.steps}, test accuracy {res.test_accuracy:.3f}, "
-        f"{res.wall_time_s:.1f} s (compilation included)")
+  common.run_one_dp_step(config, profile.dataset)
   return 0
 
 

@@ -219,10 +219,7 @@ def plot(rows: list, profile: Profile, path_base: str) -> None:
 
 def dry_run(profile: Profile) -> int:
   """Builds the profile's configuration (calibrated sigma) and runs one DP step."""
-  import jax  # pylint: disable=g-import-not-at-top
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
-  from jaxdp.data import DatasetUnavailableError, load_dataset  # pylint: disable=g-import-not-at-top
-  from jaxdp.train import train_candidate  # pylint: disable=g-import-not-at-top
   n = profile.num_train or 60000
   gamma, epochs, target = profile.batch_sizes[0] / n, float(profile.epochs[0]), profile.target_epsilons[0]
   sigma = float(acc.calibrate_noise_grid(gamma, epochs, target_epsilon=target, target_delta=DELTA))
@@ -236,15 +233,7 @@ def dry_run(profile: Profile) -> int:
         f"R={profile.repetitions}")
   print(f"  steps per run: {config.num_steps}; calibrated sigma {sigma:.4f} for target epsilon {target:g} "
         f"(run's epsilon {acc.epsilon(config.dp_event(), DELTA, 'rdp'):.4f})")
-  try:
-    data = load_dataset(profile.dataset)
-  except DatasetUnavailableError as err:
-    print(f"  {err}\n  -> dry run continues on 'mnist_offline' with the same model and hyperparameters")
-    data = load_dataset("mnist_offline")
-  one_step = dataclasses.replace(config, epochs=None, steps=1)
-  res = train_candidate(one_step, data, jax.random.key(0))
-  print(f"  one DP step ran: steps={res.steps}, test accuracy {res.test_accuracy:.3f}, "
-        f"{res.wall_time_s:.1f} s (compilation included)")
+  common.run_one_dp_step(config, profile.dataset)
   return 0
 
 
