@@ -13,6 +13,7 @@ mechanism, with shapes that `jit` can compile once.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable
 
 import jax
@@ -23,9 +24,87 @@ from jaxdp import _validate
 PyTree = Any
 
 
+_TWO_32 = 2**32
+
+
+def sampling_threshold(sampling_prob) -> int:
+  """floor(q * 2**32): an example is included when its uint32 draw is below it.
+
+  Args:
+    sampling_prob: q in [0, 1], a concrete (host) number.
+
+  Returns:
+    An int in [0, 2**32]; 2**32 only for q = 1 (everyone).
+
+  Raises:
+    ValueError: q is not a real number in [0, 1].
+
+  Guarantees:
+    The realised inclusion probability threshold / 2**32 lies in
+    (q - 2**-32, q]: never above the q that is accounted for.  q is widened
+    to float64 first, and q * 2**32 is exact in float64 (a power-of-two
+    scaling), so the floor is exact integer rounding down.  For 0 < q < 2**-32
+    the threshold is 0 and no example is ever sampled; that is still the
+    private side, since the accountant assumed the larger q.
+  """
+  q = _validate.probability("sampling_prob", sampling_prob, zero_ok=True, one_ok=True)
+  return math.floor(q * _TWO_32)
+
+
+def _array_threshold_mask(bits: jax.Array, sampling_prob) -> jax.Array:
+  q = jnp.asarray(sampling_prob)
+  if not jnp.issubdtype(q.dtype, jnp.floating):
+    q = q.astype(jnp.float32)
+  # An array q reached us already rounded to its dtype (float32 without x64),
+  # possibly *up* from the float64 the accountant used, by at most half an ulp.
+  # One ulp towards zero is therefore never above the accounted q.
+  q_low = jnp.nextafter(q, jnp.zeros_like(q))
+  # Widening to float32 is exact and keeps 2**32 in range (float16 ends at 65504).
+  q_low = q_low.astype(jnp.promote_types(q_low.dtype, jnp.float32))
+  # q_low < 1, so q_low * 2**32 < 2**32 is an exact power-of-two scaling and its
+  # floor fits uint32.  NaN and q <= 0 compare False: nobody is sampled.
+  threshold = jnp.where(q_low > 0, jnp.floor(q_low * float(_TWO_32)), 0).astype(jnp.uint32)
+  return jnp.where(q >= 1, True, bits < threshold)
+
+
 def poisson_mask(key: jax.Array, num_examples: int, sampling_prob) -> jax.Array:
-  """Independent Bernoulli(q) inclusion of each example, shape (num_examples,)."""
-  return jax.random.uniform(key, (num_examples,)) < sampling_prob
+  """Independent Bernoulli inclusion of each example, shape (num_examples,).
+
+  Each example draws 32 uniform bits and is included when they are below
+  `sampling_threshold(q)`, an exact integer comparison.  (A float32 uniform
+  compared with q would round the probability *up* to the 2**-23 grid: q = 1e-9
+  would realise ~1.2e-7, more sampling than accounted.)
+
+  Args:
+    key: PRNG key.
+    num_examples: N, static.
+    sampling_prob: q: a Python number or NumPy float64 in [0, 1], or a scalar
+      array (traced, e.g. vmapped over candidates, or concrete).
+
+  Returns:
+    A boolean mask of shape (N,).
+
+  Raises:
+    ValueError: a concrete q outside [0, 1].
+
+  Guarantees:
+    The realised inclusion probability never exceeds q.  A Python number
+    realises floor(q * 2**32) / 2**32 exactly (see `sampling_threshold`).  An
+    array q realises floor(q' * 2**32) / 2**32 with q' the next value below q
+    in q's dtype, because the float64 q that was accounted may have been
+    rounded up when it was cast; the shortfall is at most one ulp of q plus
+    2**-32.  q = 1 includes everyone, q = 0 nobody, on both paths; an array
+    q that is NaN or negative samples nobody.
+  """
+  bits = jax.random.bits(key, (num_examples,), jnp.uint32)
+  # Python numbers and NumPy float64 (a subclass of float) carry the accounted
+  # value itself; anything else may have been rounded on its way here.
+  if isinstance(sampling_prob, bool) or not isinstance(sampling_prob, (float, numbers.Integral)):
+    return _array_threshold_mask(bits, sampling_prob)
+  threshold = sampling_threshold(sampling_prob)
+  if threshold == _TWO_32:
+    return jnp.ones((num_examples,), dtype=bool)
+  return bits < jnp.uint32(threshold)
 
 
 def sampled_indices(mask: jax.Array, length: int) -> tuple[jax.Array, jax.Array]:

@@ -1,7 +1,10 @@
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.stats
 
 from jaxdp.train import sampling
 
@@ -79,3 +82,70 @@ def test_poisson_batch_sum_rejects_bad_sizes(padded, micro, match):
   with pytest.raises(ValueError, match=match):
     sampling.poisson_batch_sum(jax.random.key(0), lambda i, v: v, num_examples=10,
                                sampling_prob=0.5, padded_batch_size=padded, microbatch_size=micro)
+
+
+@pytest.mark.parametrize("q,want", [
+    (0.0, 0),
+    (2.0**-33, 0),                     # below one step of the 2**-32 grid: never sampled
+    (1e-9, 4),                         # 1e-9 * 2**32 = 4.29
+    (3e-8, 128),                       # 3e-8 * 2**32 = 128.85
+    (0.1, 429496729),                  # 0.1 * 2**32 = 429496729.6
+    (0.5, 2**31),                      # exact: no rounding at all
+    (1 - 2.0**-40, 2**32 - 1),         # 2**32 - 2**-8, floored
+    (1.0, 2**32),                      # everyone
+], ids=lambda v: repr(v))
+def test_threshold_is_q_times_2_to_32_rounded_down(q, want):
+  assert sampling.sampling_threshold(q) == want
+  assert sampling.sampling_threshold(np.float64(q)) == want
+
+
+@pytest.mark.parametrize("q", [1e-9, 3e-8, 0.05, 0.1, 1 / 3, 0.5, 0.999], ids=repr)
+def test_mask_is_exactly_bits_below_the_threshold(q):
+  # The same bits the mask draws: any rounding up of q would include extra rows.
+  key = jax.random.key(11)
+  n = 200_000
+  bits = np.asarray(jax.random.bits(key, (n,), jnp.uint32)).astype(np.uint64)
+  want = bits < math.floor(q * 2**32)
+  np.testing.assert_array_equal(np.asarray(sampling.poisson_mask(key, n, q)), want)
+  np.testing.assert_array_equal(np.asarray(jax.jit(lambda k: sampling.poisson_mask(k, n, q))(key)), want)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["concrete", "traced"])
+def test_q_one_includes_everyone_and_q_zero_nobody(traced):
+  key, n = jax.random.key(5), 100_000
+  fn = jax.jit(lambda k, q: sampling.poisson_mask(k, n, q)) if traced else (
+      lambda k, q: sampling.poisson_mask(k, n, q))
+  assert bool(jnp.all(fn(key, 1.0)))
+  assert not bool(jnp.any(fn(key, 0.0)))
+
+
+@pytest.mark.parametrize("q", [1e-9, 3e-8, 0.1, 1 / 3, 0.999], ids=repr)
+def test_traced_q_never_rounds_above_the_accounted_float64(q):
+  # A traced q arrives as float32; float32(0.1) is *above* 0.1, so its own floor
+  # would overshoot. The traced path stays at or below floor(q * 2**32).
+  key, n = jax.random.key(3), 200_000
+  bits = np.asarray(jax.random.bits(key, (n,), jnp.uint32)).astype(np.uint64)
+  traced = np.asarray(jax.jit(lambda k, q: sampling.poisson_mask(k, n, q))(key, q))
+  assert not np.any(traced & ~(bits < math.floor(q * 2**32)))
+  q32 = float(np.float32(q))
+  # The shortfall is at most one float32 ulp of q (2**-24 relative) plus 2**-32.
+  assert np.all(traced | ~(bits < math.floor((q32 - 2 * q32 * 2.0**-24) * 2**32)))
+
+
+@pytest.mark.parametrize("q", [1e-9, 3e-8], ids=repr)
+def test_tiny_q_is_never_rounded_up(q):
+  # 10**8 draws in chunks of 10**7. The old float32-uniform rule rounded q up to
+  # the 2**-23 grid: 9 inclusions at q = 1e-9 (expected ~0.1), 9 at 3e-8. The
+  # count must stay below the 1 - 1e-6 upper quantile of Binomial(10**8, q)
+  # with q the *accounted* probability: 4 for 1e-9, 14 for 3e-8.
+  chunk, chunks = 10**7, 10
+  count_fn = jax.jit(lambda k: sampling.poisson_mask(k, chunk, q).sum(dtype=jnp.int32))
+  count = sum(int(count_fn(k)) for k in jax.random.split(jax.random.key(2024), chunks))
+  bound = scipy.stats.binom.ppf(1 - 1e-6, chunk * chunks, q)
+  assert bound == {1e-9: 4, 3e-8: 14}[q]
+  assert count <= bound
+
+
+def test_concrete_q_outside_unit_interval_is_rejected():
+  with pytest.raises(ValueError, match=r"sampling_prob must be in \[0.0, 1.0\], got 1.5"):
+    sampling.poisson_mask(jax.random.key(0), 10, 1.5)
