@@ -68,7 +68,8 @@ def _compiled_batch(spec: tr.LoopSpec, eval_batch_size: int, devices: tuple):
   evaluate = tr.build_evaluate(spec, eval_batch_size)
 
   def one(hparams, key, x, y, test_x, test_y):
-    # Same key use as `train_candidate`, so a batched candidate equals a lone one.
+    # Same key use as `train_candidate`, so a batched candidate equals a lone
+    # run given `candidate.key()`.
     init_key, loop_key = jax.random.split(key)
     out = loop(tr.init_params(spec, init_key), hparams, loop_key, x, y)
     accuracy, loss = evaluate(out.params, test_x, test_y)
@@ -144,7 +145,8 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
       t0 = time.perf_counter()
       hps = [candidates[i].config.hparams() for i in padded]
       hparams = tr.HParams(*(jnp.stack(x) for x in zip(*hps)))
-      keys = jnp.stack([jax.random.key(candidates[i].seed) for i in padded])
+      # Keyed by (grid point, seed): equal seeds at two points must not share noise.
+      keys = jnp.stack([candidates[i].key() for i in padded])
       out, accuracy, loss = fn(hparams, keys, train_x, train_y, test_x, test_y)
       accuracy, loss = np.asarray(accuracy), np.asarray(loss)
       finite, steps = np.asarray(out.finite), np.asarray(out.steps)

@@ -1,35 +1,69 @@
-"""A durable pool of trained candidates: one JSON line per candidate, on disk.
+"""A durable pool of trained candidates: one checksummed JSON line per candidate.
 
 A run directory holds `manifest.json` (what the pool is for: a fingerprint of
-the search space, data and code-relevant settings) and `results.jsonl`. Each
-finished chunk of candidates is appended with a single `write` followed by
-`fsync`, so a crash (even SIGKILL) loses at most the chunk in flight; a torn
-last line is detected, reported and dropped on the next open, and those
-candidates are trained again. Rerunning the same sweep resumes: finished
-candidates are skipped. A run directory made for a different configuration is
-refused rather than mixed.
+the search space, data and code-relevant settings, plus the pool format and
+how candidate keys were derived) and `results.jsonl`. Each record carries the
+sha256 of its own canonical JSON, so damage anywhere in the file is detected,
+not only a torn last line.
+
+Guarantees:
+  - Nothing valid is lost. A line that fails its checksum (flipped byte, torn
+    write) is appended to `results.jsonl.quarantine` with a warning naming the
+    line, every valid record before *and after* it is kept, and the pool file
+    is rewritten atomically (temporary file, fsync, `os.replace`): a crash
+    during the repair leaves either the old or the new file, never a
+    truncated one.
+  - One writer. Opening a pool for writing takes an exclusive, non-blocking
+    `flock` on `<run_dir>/.writer.lock` for as long as the pool is open (the
+    kernel drops it when the process dies, even by SIGKILL); a second writer
+    gets `PoolLockedError` at once instead of training the same candidates
+    again.
+  - Each candidate counts once: a record whose id is already in the pool is
+    quarantined as a repeat, the first one is kept.
+  - Appends are one write and one fsync per chunk, so a crash loses at most
+    the chunk in flight; rerunning the sweep resumes where it stopped.
+  - A directory made for another configuration, by an older pool format or
+    with the old seed-only candidate keys is refused, never mixed.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import json
 import math
 import os
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+import numpy as np
+
 from jaxdp.sweep import engine
-from jaxdp.sweep.space import Candidate
+from jaxdp.sweep.space import KEY_DERIVATION, Candidate
 
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
+QUARANTINE = RESULTS + ".quarantine"
+LOCK = ".writer.lock"
+#: 1: unchecked JSON lines, candidate key = key(seed). 2: sha256 per record,
+#: candidate key from (point, seed).
+POOL_FORMAT = 2
+_CHECKSUM = "sha256"
+_RESERVED = "jaxdp_pool"
 
 
 class PoolMismatchError(ValueError):
-  """The run directory belongs to a different sweep configuration."""
+  """The run directory belongs to a different sweep configuration (or format)."""
+
+
+class PoolLockedError(RuntimeError):
+  """Another writer (another process, or an open `ResultPool`) holds the run directory."""
 
 
 def _json_safe(value):
+  if isinstance(value, np.generic):
+    value = value.item()
   if isinstance(value, float) and not math.isfinite(value):
     return repr(value)  # "nan", "inf": JSON has no literal for them
   return value
@@ -41,100 +75,318 @@ def _from_json(value):
   return value
 
 
-def _atomic_write(path: str, text: str) -> None:
+def _canonical(obj) -> str:
+  return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def _checksum(record: Mapping[str, Any]) -> str:
+  return hashlib.sha256(_canonical(record).encode()).hexdigest()
+
+
+def _fsync_dir(path: str) -> None:
+  # Makes a rename or a new file's directory entry durable, not only its bytes.
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def _atomic_write(path: str, data: bytes) -> None:
   tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
+  with open(tmp, "wb") as f:
+    f.write(data)
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
+  _fsync_dir(os.path.dirname(path) or ".")
+
+
+def _parse_line(raw: bytes):
+  """(record, None) for a valid line, else (None, why it is not)."""
+  try:
+    obj = json.loads(raw.decode("utf-8"))
+  except (UnicodeDecodeError, ValueError):
+    return None, "not valid JSON"
+  if not isinstance(obj, dict):
+    return None, "not a JSON object"
+  stored = obj.pop(_CHECKSUM, None)
+  if stored is None:
+    return None, f"no {_CHECKSUM} field"
+  if stored != _checksum(obj):
+    return None, "checksum mismatch"
+  if not isinstance(obj.get("id"), str):
+    return None, "no candidate id"
+  return obj, None
 
 
 class ResultPool:
   """Finished candidates of one sweep, persisted in `run_dir`.
 
+  Use it as a context manager (or call `close()`) so the writer lock is
+  released; `run_sweep` does this itself.
+
   Args:
-    run_dir: directory (created if missing).
-    fingerprint: JSON-serialisable description of the sweep; must match the
-      one stored in an existing directory.
+    run_dir: directory (created if missing, unless `read_only`).
+    fingerprint: JSON-serialisable mapping describing the sweep; must match
+      the one stored in an existing directory.
+    read_only: read the pool without taking the writer lock, repairing or
+      writing anything (e.g. while a sweep is filling it, or from a read-only
+      copy). Damaged lines are reported and skipped, but left in place.
 
   Raises:
-    PoolMismatchError: `run_dir` was created for a different fingerprint.
-    ValueError: `run_dir` is not a writable directory.
+    PoolMismatchError: `run_dir` holds another fingerprint, an older pool
+      format, a damaged manifest, or results without a manifest.
+    PoolLockedError: another writer holds `run_dir`.
+    ValueError: `run_dir` cannot be created or written, or `fingerprint` is
+      not a mapping.
   """
 
-  def __init__(self, run_dir: str, fingerprint: Mapping[str, Any]):
+  def __init__(self, run_dir: str, fingerprint: Mapping[str, Any], *, read_only: bool = False):
     self.run_dir = os.fspath(run_dir)
-    try:
-      os.makedirs(self.run_dir, exist_ok=True)
-    except OSError as err:
-      raise ValueError(f"run_dir={self.run_dir!r} cannot be created: {err}") from None
-    if not os.access(self.run_dir, os.W_OK):
-      raise ValueError(f"run_dir={self.run_dir!r} is not writable")
-    fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
-    manifest = os.path.join(self.run_dir, MANIFEST)
-    if os.path.exists(manifest):
-      with open(manifest) as f:
-        stored = json.load(f)
-      if stored != fingerprint:
-        diff = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != fingerprint.get(k))
-        raise PoolMismatchError(
-            f"run directory {self.run_dir!r} holds a different sweep (differs in: {', '.join(diff)}); "
-            "use a new directory, or delete this one to start over")
-    else:
-      _atomic_write(manifest, json.dumps(fingerprint, indent=2, sort_keys=True))
-    self.fingerprint = fingerprint
+    self.read_only = bool(read_only)
+    if not isinstance(fingerprint, Mapping):
+      raise ValueError(f"fingerprint must be a mapping, got {type(fingerprint).__name__}")
+    if _RESERVED in fingerprint:
+      raise ValueError(f"fingerprint must not use the reserved key {_RESERVED!r}")
+    self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
     self._path = os.path.join(self.run_dir, RESULTS)
-    self._records = self._load()
+    self.quarantine_path = os.path.join(self.run_dir, QUARANTINE)
+    self._lock_fd: Optional[int] = None
+    if self.read_only:
+      if not os.path.isdir(self.run_dir):
+        raise ValueError(f"run_dir={self.run_dir!r} is not a directory")
+    else:
+      try:
+        os.makedirs(self.run_dir, exist_ok=True)
+      except OSError as err:
+        raise ValueError(f"run_dir={self.run_dir!r} cannot be created: {err}") from None
+      self._lock()
+    try:
+      self._check_manifest()
+      self._records, self._size = self._load()
+    except BaseException:
+      self.close()
+      raise
+    self._ids = {r["id"] for r in self._records}
 
-  def _load(self) -> list:
+  # -- writer lock ------------------------------------------------------------
+
+  def _not_writable(self, err: OSError) -> ValueError:
+    return ValueError(
+        f"run_dir={self.run_dir!r} is not writable ({err.strerror or err}); a sweep writes its "
+        "results and a lock file there. Nothing was changed. To read the pool, use "
+        "ResultPool(run_dir, fingerprint, read_only=True)")
+
+  def _lock(self) -> None:
+    path = os.path.join(self.run_dir, LOCK)
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+      raise self._not_writable(err) from None
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+      holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+      os.close(fd)
+      if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise
+      who = ("another ResultPool in this process; close() it first" if holder == str(os.getpid())
+             else f"another process (pid {holder})")
+      raise PoolLockedError(
+          f"run directory {self.run_dir!r} is locked: {who} is writing it. Two writers would "
+          "train the same candidates twice; wait for it to finish or use another directory"
+      ) from None
+    self._lock_fd = fd
+    try:
+      # A lock file can stay writable in a directory that is not: probe the
+      # directory and the results file before any training is spent.
+      probe = os.path.join(self.run_dir, f".write-probe-{os.getpid()}")
+      os.close(os.open(probe, os.O_WRONLY | os.O_CREAT, 0o644))
+      os.unlink(probe)
+      if os.path.exists(self._path):
+        os.close(os.open(self._path, os.O_WRONLY))
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as err:
+      self.close()
+      raise self._not_writable(err) from None
+
+  def close(self) -> None:
+    """Releases the writer lock; records stay readable, appends are refused."""
+    if self._lock_fd is not None:
+      fd, self._lock_fd = self._lock_fd, None
+      try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+      finally:
+        os.close(fd)
+
+  def __enter__(self) -> "ResultPool":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def __del__(self):
+    try:
+      self.close()
+    except Exception:  # pylint: disable=broad-except
+      pass  # interpreter shutdown: the kernel drops the lock with the process
+
+  # -- manifest ---------------------------------------------------------------
+
+  def _expected_manifest(self) -> dict:
+    return dict(self.fingerprint, **{_RESERVED: {"format": POOL_FORMAT, "candidate_keys": KEY_DERIVATION}})
+
+  def _check_manifest(self) -> None:
+    manifest = os.path.join(self.run_dir, MANIFEST)
+    expected = self._expected_manifest()
+    if not os.path.exists(manifest):
+      if os.path.exists(self._path) and os.path.getsize(self._path):
+        raise PoolMismatchError(
+            f"run directory {self.run_dir!r} holds results but no {MANIFEST}, so what they were "
+            "trained for is unknown; use a new directory, or delete this one to start over")
+      if self.read_only:
+        raise PoolMismatchError(f"run directory {self.run_dir!r} holds no pool (no {MANIFEST})")
+      try:
+        _atomic_write(manifest, json.dumps(expected, indent=2, sort_keys=True).encode())
+      except OSError as err:
+        raise self._not_writable(err) from None
+      return
+    with open(manifest, "rb") as f:
+      text = f.read()
+    try:
+      stored = json.loads(text)
+    except ValueError:
+      stored = None
+    if not isinstance(stored, dict):
+      what = "is empty" if not text.strip() else "is not a JSON object"
+      raise PoolMismatchError(
+          f"{manifest} {what}: this directory was not written by a complete ResultPool; "
+          "use a new directory, or delete this one to start over")
+    if _RESERVED not in stored:
+      raise PoolMismatchError(
+          f"run directory {self.run_dir!r} holds a different sweep: a pool made by an older jaxdp "
+          "(format 1), whose candidates took their PRNG key from the seed alone, so every grid "
+          "point with the same seed shared its noise and batches. Those coupled runs cannot be "
+          "mixed with independent ones; use a new directory, or delete this one to retrain")
+    if stored[_RESERVED] != expected[_RESERVED]:
+      raise PoolMismatchError(
+          f"run directory {self.run_dir!r} holds a different sweep: pool format/key derivation "
+          f"{stored[_RESERVED]!r}, this jaxdp writes {expected[_RESERVED]!r}; use a new directory, "
+          "or delete this one to start over")
+    if stored != expected:
+      diff = sorted(k for k in set(stored) | set(expected) if stored.get(k) != expected.get(k))
+      raise PoolMismatchError(
+          f"run directory {self.run_dir!r} holds a different sweep (differs in: {', '.join(diff)}); "
+          "use a new directory, or delete this one to start over")
+
+  # -- records ----------------------------------------------------------------
+
+  def _load(self) -> tuple:
     if not os.path.exists(self._path):
-      return []
+      return [], 0
     with open(self._path, "rb") as f:
       data = f.read()
-    records, good_end = [], 0
-    for line in data.split(b"\n"):
-      end = good_end + len(line) + 1
-      if not line.strip():
-        good_end = min(end, len(data))
+    lines = data.split(b"\n")
+    unterminated = lines[-1] != b""
+    if not unterminated:
+      lines.pop()
+    kept, records, bad, first_line = [], [], [], {}
+    for number, raw in enumerate(lines, start=1):
+      if not raw.strip():
         continue
-      try:
-        record = json.loads(line)
-        if end > len(data):  # no newline: the write was cut short
-          raise ValueError("unterminated line")
-      except ValueError:
-        warnings.warn(f"{self._path}: dropping a corrupted line at byte {good_end} "
-                      "(a write was interrupted); its candidate will be trained again")
-        break
+      record, why = _parse_line(raw)
+      if why is not None and number == len(lines) and unterminated:
+        why += ", unterminated last line (a write cut short)"
+      if why is None and record["id"] in first_line:
+        bad.append((number, raw, f"repeated record: it repeats candidate {record['id']} first stored "
+                                 f"at line {first_line[record['id']]}, which is kept"))
+        continue
+      if why is not None:
+        bad.append((number, raw, f"corrupted line ({why}); this candidate will be trained again"))
+        continue
+      first_line[record["id"]] = number
+      kept.append(raw)
       records.append({k: _from_json(v) for k, v in record.items()})
-      good_end = end
-    if good_end < len(data):  # cut the torn tail so later appends start on a clean line
-      with open(self._path, "r+b") as f:
-        f.truncate(good_end)
+    clean = b"".join(raw + b"\n" for raw in kept)
+    if clean == data:
+      return records, len(data)
+    if self.read_only:
+      for number, _, why in bad:
+        warnings.warn(f"{self._path}, line {number}: {why}; skipped here, the file is left "
+                      "unchanged (read_only)", stacklevel=3)
+      return records, len(data)
+    if bad:
+      # Quarantine first, then replace: a crash in between duplicates a bad
+      # line into the quarantine but can never lose it.
+      with open(self.quarantine_path, "ab") as f:
+        f.write(b"".join(raw + b"\n" for _, raw, _ in bad))
         f.flush()
         os.fsync(f.fileno())
-    return records
+      for number, _, why in bad:
+        warnings.warn(f"{self._path}, line {number}: {why}; the line was moved to "
+                      f"{self.quarantine_path} and every valid record is kept", stacklevel=3)
+    _atomic_write(self._path, clean)
+    return records, len(clean)
 
   @property
   def records(self) -> list:
-    """Every finished candidate, as dicts, in completion order."""
+    """Every finished candidate, as dicts, in completion order, one per id."""
     return list(self._records)
 
   def done_ids(self) -> set:
-    return {r["id"] for r in self._records}
+    return set(self._ids)
 
   def append(self, records: Iterable[Mapping[str, Any]]) -> None:
-    """Appends records durably: one write and one fsync for the whole batch."""
-    records = [dict(r) for r in records]
-    if not records:
+    """Appends records durably: one write and one fsync for the whole batch.
+
+    Raises:
+      ValueError: a record has no string `id`, repeats an id already in the
+        pool or in the batch, or the pool is read-only or closed.
+    """
+    if self.read_only or self._lock_fd is None:
+      state = "read_only" if self.read_only else "closed"
+      raise ValueError(f"the pool of {self.run_dir!r} is {state}; open a new ResultPool to write")
+    normal, ids = [], set()
+    for r in records:
+      safe = {str(k): _json_safe(v) for k, v in dict(r).items()}
+      # The round trip makes memory hold exactly what a reload will read back.
+      safe = json.loads(_canonical(safe))
+      rid = safe.get("id")
+      if not isinstance(rid, str):
+        raise ValueError(f"every record needs a string 'id', got {rid!r}")
+      if rid in self._ids or rid in ids:
+        raise ValueError(f"record id {rid!r} is already in the pool; each candidate is stored once")
+      safe.pop(_CHECKSUM, None)
+      ids.add(rid)
+      normal.append(safe)
+    if not normal:
       return
-    text = "".join(json.dumps({k: _json_safe(v) for k, v in r.items()}, sort_keys=True) + "\n"
-                   for r in records)
-    with open(self._path, "a") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    self._records.extend(records)
+    data = "".join(_canonical(dict(r, **{_CHECKSUM: _checksum(r)})) + "\n" for r in normal).encode()
+    created = not os.path.exists(self._path)
+    fd = os.open(self._path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+      # Written at the end of the known-good data (not O_APPEND), so the bytes
+      # of an earlier failed write are overwritten rather than glued to a record.
+      try:
+        view = memoryview(data)
+        offset = self._size
+        while view:
+          n = os.pwrite(fd, view, offset)
+          view, offset = view[n:], offset + n
+        os.ftruncate(fd, self._size + len(data))
+        os.fsync(fd)
+      except OSError:
+        os.ftruncate(fd, self._size)
+        raise
+    finally:
+      os.close(fd)
+    if created:
+      _fsync_dir(self.run_dir)
+    self._size += len(data)
+    self._ids |= ids
+    self._records.extend({k: _from_json(v) for k, v in r.items()} for r in normal)
 
 
 def record_of(candidate: Candidate, result) -> dict:
@@ -163,15 +415,20 @@ def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: 
     **engine_kwargs: passed to the backend (`max_candidates_per_device`, ...).
 
   Returns:
-    The `ResultPool`, now holding every candidate.
+    The `ResultPool`, now holding every candidate, closed (its writer lock
+    released; its records stay readable).
+
+  Raises:
+    PoolLockedError: another process is writing `run_dir`.
+    PoolMismatchError: `run_dir` holds another sweep.
   """
-  pool = ResultPool(run_dir, fingerprint)
-  done = pool.done_ids()
-  todo = [c for c in candidates if c.id not in done]
   if len({c.id for c in candidates}) != len(candidates):
     raise ValueError("candidates must be distinct (same grid point and seed given twice)")
-  if todo:
-    train = trainer or engine.train_candidates
-    train(todo, data, progress=progress,
-          on_chunk=lambda chunk: pool.append(record_of(c, r) for c, r in chunk), **engine_kwargs)
+  with ResultPool(run_dir, fingerprint) as pool:
+    done = pool.done_ids()
+    todo = [c for c in candidates if c.id not in done]
+    if todo:
+      train = trainer or engine.train_candidates
+      train(todo, data, progress=progress,
+            on_chunk=lambda chunk: pool.append(record_of(c, r) for c, r in chunk), **engine_kwargs)
   return pool

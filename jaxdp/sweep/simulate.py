@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -52,12 +53,28 @@ class PoolTable:
 
 def table_from_records(records: Sequence[Mapping[str, Any]], score: str = "score",
                        value: str = "test_accuracy") -> PoolTable:
-  """Groups pool records by grid point."""
+  """Groups pool records by grid point, counting each candidate once.
+
+  A candidate (same id, or same grid point and seed when records carry no id)
+  that appears twice is one run, not two: a repeated record would otherwise
+  pass for an independent trial. The first record is kept and a warning says
+  how many repeats were dropped.
+  """
   if not records:
     raise ValueError("records must not be empty: the pool holds no trained candidate")
   groups: dict = {}
+  seen, repeats = set(), 0
   for r in records:
-    groups.setdefault(json.dumps(r["point"], sort_keys=True), []).append(r)
+    point = json.dumps(r["point"], sort_keys=True)
+    identity = r["id"] if "id" in r else (point, r["seed"])
+    if identity in seen:
+      repeats += 1
+      continue
+    seen.add(identity)
+    groups.setdefault(point, []).append(r)
+  if repeats:
+    warnings.warn(f"records repeat {repeats} candidate(s); each is counted once (first record kept)",
+                  stacklevel=2)
   keys = sorted(groups)
   width = max(len(g) for g in groups.values())
   scores = np.full((len(keys), width), np.nan)

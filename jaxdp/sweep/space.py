@@ -4,6 +4,12 @@ A search space is a finite grid of hyperparameter values around a base
 `TrainConfig` (random search in the papers draws uniformly from such a grid).
 A candidate is one grid point plus a seed; its identity is a hash of both, so
 a pool on disk can tell which candidates are already trained.
+
+A candidate's PRNG key is derived from its grid point *and* its seed
+(`candidate_key`), never from the seed alone: with `key(seed)` every grid
+point trained with seed 0 drew the same noise and the same batches, so the
+runs a search selects among were coupled, not the independent trials the
+selection theorems assume.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import numbers
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import jax
 import numpy as np
 
 from jaxdp import _validate
@@ -114,9 +121,44 @@ class SearchSpace:
     return seen
 
 
+#: How `candidate_key` derives keys. Durable pools record it, so a pool trained
+#: with another derivation is refused instead of mixed.
+KEY_DERIVATION = "fold_in(fold_in(key(seed), sha256(point)[0:4]), sha256(point)[4:8])"
+
+
+def _canonical_point(point: Mapping[str, Any]) -> bytes:
+  return json.dumps({str(k): _plain(v) for k, v in point.items()}, sort_keys=True,
+                    separators=(",", ":"), default=str).encode()
+
+
+def point_hash(point: Mapping[str, Any]) -> tuple:
+  """Two uint32 words from sha256 of the point's canonical JSON.
+
+  Deterministic across processes and machines (Python's `hash` is salted per
+  process); 64 bits, so two distinct points of a grid of 10**6 collide with
+  probability ~3e-8 (and `grid_candidates` checks its own grid).
+  """
+  digest = hashlib.sha256(_canonical_point(point)).digest()
+  return int.from_bytes(digest[0:4], "big"), int.from_bytes(digest[4:8], "big")
+
+
+def candidate_key(point: Mapping[str, Any], seed: int) -> jax.Array:
+  """The PRNG key of grid point `point` trained with `seed`.
+
+  Guarantees:
+    Same (point, seed) -> same key, in any process. Different points with the
+    same seed get unrelated keys (threefry's `fold_in` is a pseudorandom
+    function of the key and the folded word), so their noise and batches are
+    independent; so do different seeds at one point.
+  """
+  seed = _validate.integer("seed", seed, low=0, high=2**32 - 1)
+  high, low = point_hash(point)
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), high), low)
+
+
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-  """One grid point trained with one seed (the PRNG key is `jax.random.key(seed)`)."""
+  """One grid point trained with one seed; its PRNG key is `candidate_key(point, seed)`."""
 
   point: Mapping[str, Any]
   config: TrainConfig
@@ -130,6 +172,10 @@ class Candidate:
     """Stable identity: hash of the grid point and the seed."""
     return candidate_id(self.point, self.seed)
 
+  def key(self) -> jax.Array:
+    """The candidate's PRNG key, derived from its grid point and its seed."""
+    return candidate_key(self.point, self.seed)
+
 
 def candidate_id(point: Mapping[str, Any], seed: int) -> str:
   text = json.dumps({"point": {k: _plain(v) for k, v in point.items()}, "seed": int(seed)},
@@ -138,10 +184,22 @@ def candidate_id(point: Mapping[str, Any], seed: int) -> str:
 
 
 def grid_candidates(space: SearchSpace, seeds: Sequence[int]) -> list:
-  """Every grid point with every seed: what a pool for the trial simulator trains."""
+  """Every grid point with every seed: what a pool for the trial simulator trains.
+
+  Seed s at one grid point and seed s at another are independent runs: each
+  candidate's key comes from (point, seed), see `candidate_key`.
+  """
   if isinstance(seeds, numbers.Integral):
     raise ValueError(f"seeds must be a sequence of integers, got {seeds!r}")
   seeds = [_validate.integer("seed", s, low=0) for s in seeds]
   if not seeds:
     raise ValueError("seeds must not be empty")
-  return [Candidate(p, c, s) for p, c in zip(space.points, space.configs) for s in seeds]
+  points = space.points
+  hashes = {}
+  for p in points:
+    # Cheap insurance that no two distinct points share a key stream.
+    other = hashes.setdefault(point_hash(p), p)
+    if other != p:
+      raise ValueError(f"grid points {other!r} and {p!r} hash to the same key words; "
+                       "rename or perturb one of them")
+  return [Candidate(p, c, s) for p, c in zip(points, space.configs) for s in seeds]

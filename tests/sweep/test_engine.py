@@ -23,7 +23,7 @@ def test_batched_candidate_equals_lone_run(digits, base_config, two_devices, per
   batched = engine.train_candidates(cands, digits, max_candidates_per_device=per_device,
                                     devices=two_devices[:devices], keep_params=True)
   for cand, res in zip(cands, batched):
-    alone = train_candidate(cand.config, digits, jax.random.key(cand.seed))
+    alone = train_candidate(cand.config, digits, cand.key())
     assert res.steps == alone.steps == cand.config.num_steps
     assert res.test_accuracy == pytest.approx(alone.test_accuracy, abs=1e-6)
     assert res.test_loss == pytest.approx(alone.test_loss, rel=1e-5)
@@ -40,19 +40,72 @@ def test_groups_by_static_shape_and_keeps_order(digits, base_config, two_devices
   assert res[0].epsilon != res[1].epsilon and res[0].epsilon == res[2].epsilon
 
 
+class _XlaCompilations:
+  """Counts XLA backend compilations (not Python cache misses) while active."""
+
+  _EVENT = "/jax/core/compile/backend_compile_duration"
+
+  def __init__(self):
+    self.count = 0
+
+  def _listener(self, event, duration_secs, **kwargs):
+    del duration_secs, kwargs
+    if event == self._EVENT:
+      self.count += 1
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self._listener)
+    return self
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listener)
+
+
 def test_new_hyperparameters_do_not_recompile(digits, base_config, two_devices):
   cands = _cands(base_config)[:2]
   engine.train_candidates(cands, digits, devices=two_devices, max_candidates_per_device=1)
-  before = engine._compiled_batch.cache_info().misses  # pylint: disable=protected-access
-  changed = [dataclasses.replace(c, config=dataclasses.replace(c.config, learning_rate=0.01,
-                                                                noise_multiplier=3.0), seed=99)
-             for c in cands]
-  engine.train_candidates(changed, digits, devices=two_devices, max_candidates_per_device=1)
-  assert engine._compiled_batch.cache_info().misses == before  # pylint: disable=protected-access
+  changed = [dataclasses.replace(c, point={"other": i},
+                                 config=dataclasses.replace(c.config, learning_rate=0.01,
+                                                            noise_multiplier=3.0), seed=99)
+             for i, c in enumerate(cands)]
+  with _XlaCompilations() as compiles:
+    engine.train_candidates(changed, digits, devices=two_devices, max_candidates_per_device=1)
+  assert compiles.count == 0
+  # The counter does see compilations: a program never traced before compiles once.
+  with _XlaCompilations() as compiles:
+    jax.jit(lambda x: x * 3.25 + 1)(np.arange(7.0)).block_until_ready()
+  assert compiles.count == 1
+
+
+def test_equal_seeds_at_different_grid_points_draw_independent_noise(digits, base_config, two_devices):
+  # Noise std sigma*C = 1e5 swamps every clipped gradient (norm <= 1 per example),
+  # so (final - initial params) / learning_rate is, to within 1e-3, minus the summed
+  # noise over the batch sizes. With the old key(seed) the two grid points below
+  # drew the same noise: correlation 1.000000. Independent: ~N(0, 1/650), 0.25 is
+  # over 6 sigma.
+  cfg = dataclasses.replace(base_config, noise_multiplier=1e5)
+  space = SearchSpace(cfg, {"learning_rate": [1e-3, 2e-3]})
+  cands = grid_candidates(space, seeds=[0])
+  res = engine.train_candidates(cands, digits, devices=two_devices, keep_params=True)
+  moves = []
+  for cand, r in zip(cands, res):
+    init_key, _ = jax.random.split(cand.key())
+    spec = engine.tr.LoopSpec.from_config(cand.config, digits)
+    start = engine.tr.init_params(spec, init_key)
+    moves.append(np.concatenate([np.ravel((a - b) / cand.config.learning_rate)
+                                 for a, b in zip(jax.tree.leaves(r.params), jax.tree.leaves(start))]))
+  assert moves[0].size >= 650
+  assert abs(np.corrcoef(moves[0], moves[1])[0, 1]) < 0.25
+  # The same (point, seed) reproduces exactly.
+  again = engine.train_candidates(cands[:1], digits, devices=two_devices, keep_params=True)
+  for a, b in zip(jax.tree.leaves(again[0].params), jax.tree.leaves(res[0].params)):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_divergent_candidate_scores_nan_without_crashing(digits, base_config, two_devices):
-  bad = dataclasses.replace(base_config, learning_rate=1e30, noise_multiplier=1e6)
+  # lr * sigma * C = 1e44 overflows float32 in the first step whatever the key
+  # draws (lr=1e30 left a finite loss of 8e35 under some keys).
+  bad = dataclasses.replace(base_config, learning_rate=1e38, noise_multiplier=1e6)
   res = engine.train_candidates([Candidate({"lr": "huge"}, bad, 0), Candidate({"lr": 1}, base_config, 0)],
                                 digits, devices=two_devices)
   assert res[0].diverged and np.isnan(res[0].score)

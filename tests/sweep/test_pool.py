@@ -1,7 +1,8 @@
-"""Durable pool: resume, refuse mixing, corrupted tail, survive SIGKILL."""
+"""Durable pool: checksums, quarantine, one writer, resume, refuse mixing, survive SIGKILL."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,35 +11,212 @@ import time
 
 import pytest
 
-from jaxdp.sweep import PoolMismatchError, ResultPool, SearchSpace, grid_candidates, run_sweep
+import jaxdp
+from jaxdp.sweep import (PoolLockedError, PoolMismatchError, ResultPool, SearchSpace, grid_candidates,
+                         run_sweep)
 
 FP = {"sweep": "test", "version": 1}
+# Subprocesses import the jaxdp this test imported.
+_ENV = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(jaxdp.__file__)))
+
+
+def _lines(path):
+  return path.read_bytes().splitlines()
+
+
+def _pool_of_12(tmp_path):
+  with ResultPool(tmp_path, FP) as pool:
+    pool.append([{"id": f"c{i:02d}", "score": i / 10, "point": {"lr": i}} for i in range(12)])
+  return tmp_path / "results.jsonl"
 
 
 def test_append_and_reload(tmp_path):
-  pool = ResultPool(tmp_path, FP)
-  pool.append([{"id": "a", "score": 0.5}, {"id": "b", "score": float("nan")}])
-  again = ResultPool(tmp_path, FP)
+  with ResultPool(tmp_path, FP) as pool:
+    pool.append([{"id": "a", "score": 0.5}, {"id": "b", "score": float("nan")}])
+  again = ResultPool(tmp_path, FP, read_only=True)
   assert again.done_ids() == {"a", "b"}
   assert again.records[0]["score"] == 0.5 and again.records[1]["score"] != again.records[1]["score"]
+  assert all("sha256" not in r for r in again.records)
+  assert all("sha256" in json.loads(l) for l in _lines(tmp_path / "results.jsonl"))
 
 
 def test_refuses_a_directory_of_another_sweep(tmp_path):
-  ResultPool(tmp_path, FP)
+  ResultPool(tmp_path, FP).close()
   with pytest.raises(PoolMismatchError, match="differs in: version"):
     ResultPool(tmp_path, {"sweep": "test", "version": 2})
 
 
+def test_refuses_a_pool_made_with_the_old_seed_only_keys(tmp_path):
+  # Format 1: the manifest was the bare fingerprint and keys were key(seed).
+  (tmp_path / "manifest.json").write_text(json.dumps(FP))
+  (tmp_path / "results.jsonl").write_text('{"id": "a", "score": 1.0}\n')
+  with pytest.raises(PoolMismatchError, match="PRNG key from the seed alone"):
+    ResultPool(tmp_path, FP)
+  assert (tmp_path / "results.jsonl").read_text() == '{"id": "a", "score": 1.0}\n'
+
+
 def test_corrupted_last_line_is_dropped_with_a_warning(tmp_path):
-  pool = ResultPool(tmp_path, FP)
-  pool.append([{"id": "a", "score": 1.0}])
+  with ResultPool(tmp_path, FP) as pool:
+    pool.append([{"id": "a", "score": 1.0}])
   with open(tmp_path / "results.jsonl", "a") as f:
     f.write('{"id": "b", "sco')  # a write cut by a crash
   with pytest.warns(UserWarning, match="corrupted line"):
     again = ResultPool(tmp_path, FP)
   assert again.done_ids() == {"a"}
   again.append([{"id": "b", "score": 2.0}])
+  again.close()
   assert [json.loads(l)["id"] for l in open(tmp_path / "results.jsonl")] == ["a", "b"]
+  assert (tmp_path / "results.jsonl.quarantine").read_bytes() == b'{"id": "b", "sco\n'
+
+
+@pytest.mark.parametrize("damage", ["flipped_byte", "valid_json_edit", "torn_half"])
+def test_a_damaged_line_in_the_middle_costs_that_line_only(tmp_path, damage):
+  path = _pool_of_12(tmp_path)
+  lines = _lines(path)
+  bad = bytearray(lines[2])
+  if damage == "flipped_byte":
+    bad[bad.index(b'"score"') + 3] ^= 0x01  # one bit of one byte
+  elif damage == "valid_json_edit":
+    bad = bytearray(bad.replace(b'"score":0.2', b'"score":0.9'))  # still parses: the checksum catches it
+  else:
+    bad = bad[:len(bad) // 2]
+  path.write_bytes(b"\n".join(lines[:2] + [bytes(bad)] + lines[3:]) + b"\n")
+  with pytest.warns(UserWarning, match=r"results.jsonl, line 3: corrupted line .* moved to "
+                                      r".*results.jsonl.quarantine and every valid record is kept"):
+    pool = ResultPool(tmp_path, FP)
+  pool.close()
+  assert [r["id"] for r in pool.records] == [f"c{i:02d}" for i in range(12) if i != 2]
+  assert _lines(path) == lines[:2] + lines[3:]  # rewritten with the 11 valid records
+  assert (tmp_path / "results.jsonl.quarantine").read_bytes() == bytes(bad) + b"\n"
+  with ResultPool(tmp_path, FP) as again:  # repaired: opens cleanly, and resumes
+    assert len(again.records) == 11
+    again.append([{"id": "c02", "score": 0.2, "point": {"lr": 2}}])
+  assert len(ResultPool(tmp_path, FP, read_only=True).records) == 12
+
+
+def test_repeated_candidate_is_kept_once(tmp_path):
+  path = _pool_of_12(tmp_path)
+  lines = _lines(path)
+  path.write_bytes(b"\n".join(lines + [lines[0], lines[5]]) + b"\n")  # e.g. two old writers
+  with pytest.warns(UserWarning) as caught:
+    pool = ResultPool(tmp_path, FP)
+  assert [str(w.message).split("results.jsonl, ")[1].split(";")[0] for w in caught] == [
+      "line 13: repeated record: it repeats candidate c00 first stored at line 1, which is kept",
+      "line 14: repeated record: it repeats candidate c05 first stored at line 6, which is kept"]
+  with pytest.raises(ValueError, match="already in the pool"):
+    pool.append([{"id": "c03", "score": 0.0}])
+  pool.close()
+  assert [r["id"] for r in pool.records] == [f"c{i:02d}" for i in range(12)]
+  assert _lines(path) == lines
+  assert _lines(tmp_path / "results.jsonl.quarantine") == [lines[0], lines[5]]
+
+
+def test_empty_results_file_is_an_empty_pool(tmp_path):
+  ResultPool(tmp_path, FP).close()
+  (tmp_path / "results.jsonl").write_bytes(b"")
+  with ResultPool(tmp_path, FP) as pool:
+    assert pool.records == []
+    pool.append([{"id": "a", "score": 1.0}])
+  assert ResultPool(tmp_path, FP, read_only=True).done_ids() == {"a"}
+
+
+@pytest.mark.parametrize("manifest,match", [
+    (b"", "manifest.json is empty"), (b"[1, 2]", "manifest.json is not a JSON object"),
+    (b'{"sweep": "te', "manifest.json is not a JSON object"), (None, "holds results but no manifest.json"),
+])
+def test_damaged_or_missing_manifest_is_refused_clearly(tmp_path, manifest, match):
+  path = _pool_of_12(tmp_path)
+  before = path.read_bytes()
+  if manifest is None:
+    (tmp_path / "manifest.json").unlink()
+  else:
+    (tmp_path / "manifest.json").write_bytes(manifest)
+  with pytest.raises(PoolMismatchError, match=match):
+    ResultPool(tmp_path, FP)
+  assert path.read_bytes() == before
+
+
+def test_a_second_writer_in_the_same_process_is_refused(tmp_path):
+  with ResultPool(tmp_path, FP):
+    with pytest.raises(PoolLockedError, match="another ResultPool in this process"):
+      ResultPool(tmp_path, FP)
+    assert isinstance(PoolLockedError("x"), RuntimeError)
+    ResultPool(tmp_path, FP, read_only=True)  # readers need no lock
+  ResultPool(tmp_path, FP).close()  # released on close
+
+
+_HOLD = textwrap.dedent("""
+    import sys, time
+    from jaxdp.sweep import ResultPool
+    pool = ResultPool(sys.argv[1], {"sweep": "test", "version": 1})
+    print("locked", flush=True)
+    time.sleep(120)
+""")
+
+
+def test_a_second_writer_process_is_refused_with_a_clear_error(tmp_path):
+  run_dir = tmp_path / "run"
+  holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(run_dir)], env=_ENV,
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(PoolLockedError) as err:
+      run_sweep([], None, run_dir, FP, progress=False)
+    assert str(err.value) == (
+        f"run directory {str(run_dir)!r} is locked: another process (pid {holder.pid}) is writing "
+        "it. Two writers would train the same candidates twice; wait for it to finish or use "
+        "another directory")
+  finally:
+    holder.kill()
+    holder.wait()
+  # The kernel drops the lock of a killed writer: the directory is usable again.
+  ResultPool(run_dir, FP).close()
+
+
+_READ_ONLY = textwrap.dedent("""
+    import json, sys, warnings
+    from jaxdp.sweep import ResultPool
+    fp = {"sweep": "test", "version": 1}
+    out = {}
+    try:
+      ResultPool(sys.argv[1], fp)
+    except ValueError as err:
+      out["error"] = str(err)
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      out["ids"] = sorted(ResultPool(sys.argv[1], fp, read_only=True).done_ids())
+    out["warnings"] = [str(w.message) for w in caught]
+    print(json.dumps(out))
+""")
+
+
+def test_read_only_run_directory_gives_a_clear_error_and_loses_nothing(tmp_path):
+  command = [sys.executable, "-c", _READ_ONLY, str(tmp_path)]
+  if os.geteuid() == 0:
+    # Root ignores permission bits; drop the capabilities that let it.
+    if shutil.which("setpriv") is None:
+      pytest.skip("running as root without setpriv: cannot make a directory read-only")
+    command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner"] + command
+  path = _pool_of_12(tmp_path)
+  lines = _lines(path)
+  path.write_bytes(b"\n".join(lines[:4] + [b'{"id": "torn'] + lines[4:]) + b"\n")
+  before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+  for p in tmp_path.iterdir():
+    p.chmod(0o444)
+  tmp_path.chmod(0o555)
+  try:
+    done = subprocess.run(command, env=_ENV, capture_output=True, text=True, timeout=120)
+  finally:
+    tmp_path.chmod(0o755)
+    for p in tmp_path.iterdir():
+      p.chmod(0o644)
+  assert done.returncode == 0, done.stderr
+  out = json.loads(done.stdout)
+  assert out["error"].startswith(f"run_dir={str(tmp_path)!r} is not writable (Permission denied)")
+  assert "read_only=True" in out["error"]
+  assert out["ids"] == [f"c{i:02d}" for i in range(12)]
+  assert len(out["warnings"]) == 1 and "line 5: corrupted line" in out["warnings"][0]
+  assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_unwritable_run_dir(tmp_path):
@@ -81,11 +259,12 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two JAX processes training 400-step MLPs: about a minute on 2 cores
 def test_sigkill_loses_at_most_the_chunk_in_flight(tmp_path):
   script = tmp_path / "sweep.py"
   script.write_text(_SCRIPT)
   run_dir = tmp_path / "run"
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env = dict(_ENV, XLA_FLAGS="--xla_force_host_platform_device_count=1")
   proc = subprocess.Popen([sys.executable, str(script), str(run_dir)], env=env)
   results = run_dir / "results.jsonl"
   deadline = time.time() + 240

@@ -72,3 +72,18 @@ def test_bad_arguments(kwargs, match):
   args.update(kwargs)
   with pytest.raises(ValueError, match=match):
     simulate(**args)
+
+
+def test_each_candidate_counts_once():
+  # Two seeds per point, every record written twice (e.g. by two writers): the
+  # table must still see 2 runs per point, not 4 "independent" ones.
+  records = [{"id": f"{lr}-{s}", "point": {"lr": lr}, "seed": s, "score": lr + s / 10,
+              "test_accuracy": lr + s / 10} for lr in (1, 2, 3) for s in (0, 1)]
+  with pytest.warns(UserWarning, match="repeat 6 candidate"):
+    table = table_from_records(records + [dict(r, score=-1.0) for r in records])
+  np.testing.assert_array_equal(table.counts, [2, 2, 2])
+  np.testing.assert_array_equal(table.scores, [[1.0, 1.1], [2.0, 2.1], [3.0, 3.1]])  # first kept
+  # Records without ids are identified by (point, seed).
+  bare = [{k: v for k, v in r.items() if k != "id"} for r in records]
+  with pytest.warns(UserWarning, match="repeat 1 candidate"):
+    np.testing.assert_array_equal(table_from_records(bare + bare[:1]).counts, [2, 2, 2])
