@@ -32,3 +32,36 @@ def two_devices():
   devices = jax.devices()
   assert len(devices) >= 2, "tests/conftest.py should expose two host devices"
   return devices[:2]
+
+
+# End-to-end runs shared by several test files: each is the smallest run that
+# exercises its whole pipeline, computed once per session instead of once per
+# test (a subset-tuning run compiles a training loop per distinct data size).
+
+SEARCH_GRID = {"learning_rate": [0.3, 1.0, 3.0]}
+
+
+@pytest.fixture(scope="session")
+def tiny_random_search(digits, base_config, two_devices):
+  """`random_search` over SEARCH_GRID, K ~ Poisson(4), key 5, and the warnings it raised."""
+  import warnings  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning import random_search  # pylint: disable=g-import-not-at-top
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    result = random_search(base_config, SEARCH_GRID, digits, repetitions=acc.Poisson(mean=4),
+                           key=jax.random.key(5), devices=two_devices)
+  return result, tuple(caught)
+
+
+@pytest.fixture(scope="session")
+def tiny_subsampled(digits, base_config, two_devices):
+  """`subsampled_search` variant 1 over SEARCH_GRID, q=0.3, K ~ Poisson(3), key 3."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning import subsampled_search  # pylint: disable=g-import-not-at-top
+  # One candidate per device: every K reuses one compilation.
+  return subsampled_search(base_config, SEARCH_GRID, digits, repetitions=acc.Poisson(mean=3),
+                           q=0.3, variant=1, key=jax.random.key(3), devices=two_devices,
+                           max_candidates_per_device=1)

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import math
 import time
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import dp_accounting
@@ -71,13 +72,19 @@ class ExecutionConfig:
       raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {self.conv_impl!r}")
 
 
+class NotPrivateWarning(UserWarning):
+  """A configuration adds no noise: its runs are not differentially private (epsilon = inf)."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
   """One candidate: privacy parameters, optimisation parameters, execution.
 
   Privacy-relevant (they determine the DpEvent and hence epsilon):
     sampling_prob: Poisson inclusion probability q in (0, 1].
-    noise_multiplier: sigma >= 0 (0 means no noise, epsilon = inf).
+    noise_multiplier: sigma >= 0. sigma = 0 adds no noise: the run is not
+      differentially private (epsilon = inf) and construction warns with a
+      `NotPrivateWarning`; useful only as a non-private baseline.
     steps / epochs: exactly one; steps = round(epochs / q).
     target_delta: delta in (0, 1) at which epsilon is reported.
     l2_clip_norm: per-example clip norm C > 0 (the sensitivity; with sigma it
@@ -111,6 +118,11 @@ class TrainConfig:
   def __post_init__(self):
     _validate.real("l2_clip_norm", self.l2_clip_norm, low=0.0, low_open=True)
     _validate.real("noise_multiplier", self.noise_multiplier, low=0.0)
+    if self.noise_multiplier == 0:
+      # Legal (non-private baselines, exact-GD checks) but never what a DP
+      # user means: epsilon is inf and nothing downstream would say so.
+      warnings.warn("noise_multiplier=0: this configuration adds no noise, so its training is NOT "
+                    "differentially private (epsilon = inf)", NotPrivateWarning, stacklevel=3)
     _validate.probability("sampling_prob", self.sampling_prob, one_ok=True)
     if (self.steps is None) == (self.epochs is None):
       raise ValueError(f"exactly one of steps and epochs must be given, got "

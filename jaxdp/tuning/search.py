@@ -22,25 +22,39 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import jax
 import numpy as np
 
+from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
 from jaxdp.sweep import engine
 from jaxdp.sweep.space import Candidate, SearchSpace
 from jaxdp.train import TrainConfig
+from jaxdp.tuning import _args
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TunedResult:
   """What a private search releases.
 
+  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
+  differ by adding or removing one training example, which is what `event`
+  accounts; the training set size N is public (every step divides by q N);
+  the score is the test accuracy on `data.test`, which is treated as public
+  and is NOT accounted; only the selected candidate is covered by `epsilon`.
+
   Attributes:
     hyperparameters: the selected grid point, or None when nothing is released
       (K = 0, every candidate diverged, or the threshold was never reached):
-      the documented default output.
-    config: the selected candidate's `TrainConfig` (None likewise).
-    params: its trained parameters (None likewise).
-    score: its score (test accuracy), NaN if nothing is released.
-    num_candidates: how many candidates were trained (independent of the data).
+      the documented default output. Covered by `epsilon`.
+    config: the selected candidate's `TrainConfig` (None likewise). Covered.
+    params: its trained parameters (None likewise). Covered.
+    score: its score (test accuracy), NaN if nothing is released. Covered.
+    num_candidates: how many candidates were trained. For `random_search` this
+      is K, drawn from the public `repetitions` law with the caller's key
+      before any data is touched, so publishing it reveals nothing about the
+      data. For `threshold_search` it is the index of the first candidate
+      that reached the threshold: it depends on the data and is NOT covered by
+      `epsilon` (Liu-Talwar's guarantee covers the released candidate or
+      "nothing", not how many were tried); keep it private.
     epsilon: epsilon of the whole search at `delta`.
     delta: target delta.
     event: the accounted event.
@@ -61,27 +75,10 @@ class TunedResult:
   all_scores: Optional[tuple] = None
 
 
-def _space(config_or_space, search_space) -> SearchSpace:
-  if isinstance(config_or_space, SearchSpace):
-    if search_space is not None:
-      raise ValueError("give either a SearchSpace or a (base config, grid) pair, not both")
-    return config_or_space
-  if not isinstance(config_or_space, TrainConfig):
-    raise ValueError(f"config must be a TrainConfig or SearchSpace, got {type(config_or_space).__name__}")
-  if search_space is None:
-    raise ValueError("search_space must be a mapping name -> values")
-  return SearchSpace(config_or_space, search_space)
-
-
 def _candidate_event(space: SearchSpace):
   """One candidate's guarantee: its DpEvent, or the worst over the grid (KK Lemma 1)."""
   events = space.events()
   return events[0] if len(events) == 1 else acc.UniformCandidates(events)
-
-
-def _check_key(key):
-  if not isinstance(key, jax.Array) or not jax.numpy.issubdtype(key.dtype, jax.dtypes.prng_key):
-    raise ValueError(f"key must be a typed PRNG key from jax.random.key(seed), got {key!r}")
 
 
 def _draw_candidates(space: SearchSpace, n: int, key) -> list:
@@ -108,27 +105,38 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
   Args:
     config: the base `TrainConfig` (or a ready `SearchSpace`, then
       `search_space` must be None).
-    search_space: grid name -> values (see `jaxdp.sweep.SearchSpace`).
-    data: private training data, public test data for the score.
+    search_space: grid name -> non-empty sequence of values (see
+      `jaxdp.sweep.SearchSpace`).
+    data: a `jaxdp.data.Dataset`: private training split, public test split
+      (the score).
     repetitions: law of the number of candidates K, e.g. `acc.Poisson(10)`.
     key: PRNG key for K, the draws and every candidate's training.
-    delta: delta at which the search's epsilon is reported.
+    delta: delta in (0, 1) at which the search's epsilon is reported.
     release_all_scores: also return every candidate's score (warns: not
       covered by the guarantee).
-    **engine_kwargs: passed to `jaxdp.sweep.train_candidates`.
+    **engine_kwargs: `devices`, `max_candidates_per_device`, `progress`,
+      `on_chunk`, passed to `jaxdp.sweep.train_candidates`.
 
   Returns:
     A `TunedResult` holding the selected candidate only.
+
+  Raises:
+    ValueError: for any bad argument, always before K is drawn: whether the
+      call fails never depends on K (a bad `data` raises even when K = 0).
 
   Example:
     result = random_search(config, {"learning_rate": [0.1, 0.3, 1.0]}, data,
                            repetitions=acc.Poisson(mean=5), key=jax.random.key(0))
   """
-  space = _space(config, search_space)
-  acc.distributions._check_dist(repetitions)  # pylint: disable=protected-access
-  _check_key(key)
+  space = _args.space(config, search_space)
+  data = _args.data(data, space)
+  repetitions = _args.repetitions(repetitions)
+  key = _args.key(key)
+  delta = _args.delta(delta)
+  release_all_scores = _args.flag("release_all_scores", release_all_scores)
+  engine_kwargs = _args.engine_kwargs(engine_kwargs)
   event = acc.RepeatAndSelect(_candidate_event(space), repetitions)
-  eps = acc.epsilon(event, delta, method="best")  # fails early on a bad delta
+  eps = acc.epsilon(event, delta, method="best")
   k_key, draw_key = jax.random.split(key)
   k = int(repetitions.sample(k_key))
   cands = _draw_candidates(space, k, draw_key) if k else []
@@ -156,10 +164,30 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
   (also after `max_candidates` candidates).
 
   Candidates are trained one at a time, so no extra work is spent; epsilon is
-  `acc.epsilon(acc.ThresholdSelect(...), delta, "best")`.
+  `acc.epsilon(acc.ThresholdSelect(...), delta, "best")`. It covers the
+  released candidate (or "nothing"), not `num_candidates` (see `TunedResult`).
+
+  Args:
+    config, search_space, data, key, delta, release_all_scores,
+    **engine_kwargs: as in `random_search`.
+    threshold: a finite score to reach (scores are test accuracies).
+    stop_prob: probability in (0, 1] of stopping after a failed candidate.
+    max_candidates: None or an integer >= 1: a hard cap on candidates.
+
+  Raises:
+    ValueError: for any bad argument (a NaN threshold included), before any
+      training.
   """
-  space = _space(config, search_space)
-  _check_key(key)
+  space = _args.space(config, search_space)
+  data = _args.data(data, space)
+  threshold = _args.threshold(threshold)
+  stop_prob = _validate.probability("stop_prob", stop_prob, one_ok=True)
+  if max_candidates is not None:
+    max_candidates = _validate.integer("max_candidates", max_candidates, low=1)
+  key = _args.key(key)
+  delta = _args.delta(delta)
+  release_all_scores = _args.flag("release_all_scores", release_all_scores)
+  engine_kwargs = _args.engine_kwargs(engine_kwargs)
   event = acc.ThresholdSelect(_candidate_event(space), stop_prob, max_candidates)
   eps = acc.epsilon(event, delta, method="best")
   cands, results = [], []

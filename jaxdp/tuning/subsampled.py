@@ -36,6 +36,7 @@ from jaxdp.data import DataSplit, Dataset
 from jaxdp.sweep import engine
 from jaxdp.sweep.space import SearchSpace
 from jaxdp.train import TrainConfig, train_candidate
+from jaxdp.tuning import _args
 from jaxdp.tuning import search as search_lib
 
 
@@ -47,6 +48,18 @@ class SubsampledResult:
   `final_hyperparameters`, `tuned_hyperparameters`, `tuned_score`,
   `test_accuracy`. Not to be published: `subset_mask` (which examples were in
   X1; returned so callers can audit the split).
+
+  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
+  differ by adding or removing one training example, as `event` accounts. The
+  training set size N = |X| is treated as public and is revealed exactly:
+  m = `subset_size` and n = `final_train_size` are returned, and the SGD
+  learning-rate factor n / m is visible in `final_config` (variant 1:
+  N = m + n; variant 2: N = n). Given N, m depends only on the subsampling
+  randomness. `num_candidates` is K, drawn from the public `repetitions` law
+  with the caller's key, independent of the data. Scores (`tuned_score`,
+  `test_accuracy`) are test accuracies on `data.test`, which is treated as
+  public and not accounted. Of the K candidates only the selected one's
+  hyperparameters and score are covered; the others are never returned.
 
   Attributes:
     params: the final model's parameters.
@@ -129,6 +142,8 @@ def extrapolate(config: TrainConfig, subset_size: int, final_size: int) -> tuple
     n / m; DP-Adam keeps it. Clip norm, sigma, sampling rate and steps are
     kept, so the final run's DpEvent equals the candidate's.
   """
+  if not isinstance(config, TrainConfig):
+    raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
   m = _validate.integer("subset_size", subset_size, low=1)
   n = _validate.integer("final_size", final_size, low=1)
   factor = n / m if config.optimizer == "sgd" else 1.0
@@ -166,15 +181,17 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
                             variant=1, repetitions=acc.Poisson(5), key=jax.random.key(0))
     res.epsilon, res.test_accuracy, res.compute_ratio
   """
-  space = search_lib._space(config, search_space)  # pylint: disable=protected-access
-  if not isinstance(data, Dataset):
-    raise ValueError(f"data must be a jaxdp.data.Dataset, got {type(data).__name__}")
+  # Every argument is checked before the subset is drawn, K is drawn or
+  # anything trains, so whether the call fails never depends on the draws.
+  space = _args.space(config, search_space)
+  data = _args.data(data, space)
   q = _validate.probability("q", q)
   variant = _check_variant(variant)
-  acc.distributions._check_dist(repetitions)  # pylint: disable=protected-access
-  search_lib._check_key(key)  # pylint: disable=protected-access
-  if not isinstance(warm_start, bool):
-    raise ValueError(f"warm_start must be a bool, got {warm_start!r}")
+  repetitions = _args.repetitions(repetitions)
+  key = _args.key(key)
+  delta = _args.delta(delta)
+  warm_start = _args.flag("warm_start", warm_start)
+  engine_kwargs = _args.engine_kwargs(engine_kwargs)
   candidate = search_lib._candidate_event(space)  # pylint: disable=protected-access
   tune_event = acc.RepeatAndSelect(candidate, repetitions)
   # The final run's DpEvent is the selected candidate's (extrapolation keeps

@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import dp_accounting
 import jax
@@ -8,14 +9,9 @@ import optax
 import pytest
 from dp_accounting import rdp
 
-from jaxdp.data import DataSplit, Dataset, load_dataset
+from jaxdp.data import DataSplit, Dataset
 from jaxdp.train import trainer
-from jaxdp.train.trainer import ExecutionConfig, TrainConfig, train_candidate
-
-
-@pytest.fixture(scope="module")
-def digits():
-  return load_dataset("digits")
+from jaxdp.train.trainer import ExecutionConfig, NotPrivateWarning, TrainConfig, train_candidate
 
 
 def _tiny_dataset(n=40, d=6, classes=3, seed=0):
@@ -43,15 +39,28 @@ def test_dp_event_and_epsilon_match_the_accountant():
   eps = rdp.RdpAccountant().compose(want).get_epsilon(1e-5)
   assert trainer.epsilon(cfg) == pytest.approx(eps, rel=1e-12)
   assert 0.5 < eps < 5.0
-  assert math.isinf(trainer.epsilon(_cfg(noise_multiplier=0.0)))
+  with pytest.warns(NotPrivateWarning):
+    assert math.isinf(trainer.epsilon(_cfg(noise_multiplier=0.0)))
+
+
+def test_zero_noise_warns_that_the_run_is_not_private():
+  with pytest.warns(NotPrivateWarning, match=r"noise_multiplier=0.*NOT differentially private \(epsilon = inf\)"):
+    cfg = _cfg(noise_multiplier=0.0)
+  assert issubclass(NotPrivateWarning, UserWarning)  # shown by default, filterable by class
+  assert math.isinf(trainer.epsilon(cfg))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # any positive sigma, however small, is silent
+    _cfg(noise_multiplier=1e-3)
+    _cfg(noise_multiplier=1.0)
 
 
 def test_full_batch_without_noise_is_exact_gradient_descent():
   # q = 1 includes everyone, expected batch = N: DP-SGD with a huge clip norm
   # and no noise must equal plain full-batch gradient descent on the mean loss.
   data = _tiny_dataset()
-  cfg = _cfg(sampling_prob=1.0, noise_multiplier=0.0, l2_clip_norm=1e6, steps=3,
-             learning_rate=0.3, weight_decay=0.01)
+  with pytest.warns(NotPrivateWarning):
+    cfg = _cfg(sampling_prob=1.0, noise_multiplier=0.0, l2_clip_norm=1e6, steps=3,
+               learning_rate=0.3, weight_decay=0.01)
   spec = trainer.LoopSpec.from_config(cfg, data)
   params0 = trainer.init_params(spec, jax.random.key(0))
   out = jax.jit(trainer.build_train_loop(spec))(params0, cfg.hparams(), jax.random.key(1),
@@ -133,7 +142,10 @@ def test_digits_logreg_reaches_85_percent_with_epsilon_below_8(digits):
   result = train_candidate(cfg, digits, jax.random.key(0))
   assert result.epsilon <= 8.0
   assert result.test_accuracy >= 0.85
-  assert result.steps == 400 and result.wall_time_s < 60
+  # It ran every planned step and learned (test loss below log(10), that of
+  # uniform guessing); how long it took is the benchmarks' business.
+  assert result.steps == result.planned_steps == 400 and not result.diverged
+  assert result.test_loss < math.log(10)
 
 
 @pytest.mark.slow

@@ -2,22 +2,21 @@
 
 import dataclasses
 import math
-import warnings
 
 import jax
+import numpy as np
 import pytest
 
 from jaxdp import accounting as acc
+from jaxdp.sweep import SearchSpace
 from jaxdp.tuning import random_search, threshold_search
 
-GRID = {"learning_rate": [0.3, 1.0, 3.0]}
+GRID = {"learning_rate": [0.3, 1.0, 3.0]}  # = tests/conftest.py SEARCH_GRID
 
 
-def test_random_search_releases_only_the_selected_candidate(digits, base_config, two_devices):
-  with warnings.catch_warnings():
-    warnings.simplefilter("error")  # no warning unless scores are requested
-    res = random_search(base_config, GRID, digits, repetitions=acc.Poisson(mean=4),
-                        key=jax.random.key(5), devices=two_devices)
+def test_random_search_releases_only_the_selected_candidate(tiny_random_search, base_config):
+  res, caught = tiny_random_search
+  assert not caught, [str(w.message) for w in caught]  # no warning unless scores are requested
   assert res.all_scores is None
   assert res.num_candidates >= 1 and res.hyperparameters["learning_rate"] in GRID["learning_rate"]
   assert 0.5 < res.score <= 1.0 and res.params is not None
@@ -27,12 +26,14 @@ def test_random_search_releases_only_the_selected_candidate(digits, base_config,
   assert res.epsilon > acc.epsilon(base_config.dp_event(), 1e-5)
 
 
-def test_same_key_same_result_and_scores_are_opt_in(digits, base_config, two_devices):
-  kwargs = dict(repetitions=acc.Geometric(mean=3), key=jax.random.key(9), devices=two_devices)
-  a = random_search(base_config, GRID, digits, **kwargs)
+def test_same_key_same_result_and_scores_are_opt_in(tiny_random_search, digits, base_config, two_devices):
+  a, _ = tiny_random_search  # same arguments as below, without release_all_scores
   with pytest.warns(UserWarning, match="NOT covered"):
-    b = random_search(base_config, GRID, digits, release_all_scores=True, **kwargs)
+    b = random_search(base_config, GRID, digits, repetitions=acc.Poisson(mean=4), key=jax.random.key(5),
+                      devices=two_devices, release_all_scores=True)
   assert a.hyperparameters == b.hyperparameters and a.score == b.score and a.num_candidates == b.num_candidates
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   assert len(b.all_scores) == b.num_candidates
   assert max(s for _, s in b.all_scores) == b.score
 
@@ -62,13 +63,107 @@ def test_threshold_search(digits, base_config):
   assert capped.epsilon == acc.epsilon(acc.ThresholdSelect(base_config.dp_event(), 0.01, 2), 1e-5)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(key=0), "key must be a typed PRNG key"),
-    (dict(repetitions=10), "distribution"),
-    (dict(delta=0.0), "delta"),
-])
-def test_bad_arguments(digits, base_config, kwargs, match):
-  args = dict(repetitions=acc.Poisson(2), key=jax.random.key(0))
-  args.update(kwargs)
+# --- Every argument is checked before K is drawn and before any training. ---
+# The `no_work` fixture (tests/tuning/conftest.py) makes drawing K or training
+# raise, so each ValueError below is proven to come first, whatever K would be.
+
+# (id, overrides of the common arguments, expected message). A `config` given
+# as a callable is built from the base config fixture.
+COMMON_BAD = [
+    ("data_tuple", dict(data=(1, 2)), r"data must be a jaxdp.data.Dataset.*got tuple"),
+    ("data_none", dict(data=None), "data must be a jaxdp.data.Dataset"),
+    ("data_model_mismatch", dict(config=lambda c: dataclasses.replace(c, model="opacus_cnn")),
+     "opacus_cnn.*cannot take inputs of shape"),
+    ("config_dict", dict(config={"learning_rate": 1.0}), "config must be a TrainConfig or SearchSpace"),
+    ("space_and_grid", dict(config=lambda c: SearchSpace(c, GRID), search_space=GRID), "search_space must be None when config"),
+    ("grid_none", dict(search_space=None), "search_space must be a non-empty mapping"),
+    ("grid_empty", dict(search_space={}), r"search_space must be a non-empty mapping.*got \{\}"),
+    ("grid_values_empty", dict(search_space={"learning_rate": []}),
+     r"search_space\['learning_rate'\] must be a non-empty sequence"),
+    ("grid_values_string", dict(search_space={"learning_rate": "0.1"}),
+     r"search_space\['learning_rate'\] must be a non-empty sequence"),
+    ("grid_unknown_name", dict(search_space={"batch": [1]}), "unknown hyperparameter 'batch'"),
+    ("grid_bad_value", dict(search_space={"learning_rate": [0.1, -1.0]}), "learning_rate must be in"),
+    ("key_int", dict(key=0), "key must be a typed PRNG key"),
+    ("key_raw_uint32", dict(key=jax.random.PRNGKey(0)), "key must be a typed PRNG key"),
+    ("key_batch", dict(key=jax.random.split(jax.random.key(0), 2)), r"key must be a single PRNG key of shape \(\)"),
+    ("delta_zero", dict(delta=0.0), r"delta must be in \(0.0, 1.0\), got 0.0"),
+    ("delta_one", dict(delta=1.0), r"delta must be in \(0.0, 1.0\), got 1.0"),
+    ("delta_nan", dict(delta=float("nan")), "delta must be finite, got nan"),
+    ("delta_string", dict(delta="1e-5"), "delta must be a real number"),
+    ("release_all_scores_string", dict(release_all_scores="yes"), "release_all_scores must be a bool"),
+    ("engine_unknown_kwarg", dict(foo=1), r"unknown keyword argument\(s\) \['foo'\]"),
+    ("engine_keep_params", dict(keep_params=False), r"unknown keyword argument\(s\) \['keep_params'\]"),
+    ("engine_zero_per_device", dict(max_candidates_per_device=0), "max_candidates_per_device must be an integer in"),
+    ("engine_no_devices", dict(devices=[]), "devices must be a non-empty sequence of jax.Device"),
+    ("engine_progress_string", dict(progress="no"), "progress must be a bool"),
+    ("engine_on_chunk_not_callable", dict(on_chunk=3), "on_chunk must be a callable"),
+]
+
+RANDOM_BAD = COMMON_BAD + [
+    ("repetitions_int", dict(repetitions=10), "repetitions must be a jaxdp.accounting K distribution"),
+    ("repetitions_none", dict(repetitions=None), "repetitions must be a jaxdp.accounting K distribution"),
+]
+
+THRESHOLD_BAD = COMMON_BAD + [
+    ("threshold_nan", dict(threshold=float("nan")), r"threshold must be a finite real number.*got nan"),
+    ("threshold_inf", dict(threshold=float("inf")), r"threshold must be a finite real number.*got inf"),
+    ("threshold_minus_inf", dict(threshold=-float("inf")), r"threshold must be a finite real number.*got -inf"),
+    ("threshold_string", dict(threshold="0.9"), r"threshold must be a finite real number.*got '0.9'"),
+    ("threshold_none", dict(threshold=None), r"threshold must be a finite real number.*got None"),
+    ("threshold_bool", dict(threshold=True), r"threshold must be a finite real number.*got True"),
+    ("stop_prob_zero", dict(stop_prob=0.0), r"stop_prob must be in \(0.0, 1.0\], got 0.0"),
+    ("stop_prob_above_one", dict(stop_prob=1.5), r"stop_prob must be in \(0.0, 1.0\], got 1.5"),
+    ("stop_prob_nan", dict(stop_prob=float("nan")), "stop_prob must be finite, got nan"),
+    ("max_candidates_zero", dict(max_candidates=0), r"max_candidates must be an integer in \[1, inf\), got 0"),
+    ("max_candidates_fraction", dict(max_candidates=1.5), "max_candidates must be an integer, got 1.5"),
+]
+
+
+def _call(tuner, digits, base_config, overrides, defaults):
+  kwargs = dict(defaults)
+  kwargs.update(overrides)
+  config = kwargs.pop("config", base_config)
+  config = config(base_config) if callable(config) else config
+  data = kwargs.pop("data", digits)
+  search_space = kwargs.pop("search_space", None if isinstance(config, SearchSpace) else GRID)
+  return tuner(config, search_space, data, **kwargs)
+
+
+@pytest.mark.parametrize("overrides,match", [c[1:] for c in RANDOM_BAD], ids=[c[0] for c in RANDOM_BAD])
+def test_random_search_rejects_bad_arguments_before_drawing_k(no_work, digits, base_config, overrides, match):
   with pytest.raises(ValueError, match=match):
-    random_search(base_config, GRID, digits, **args)
+    _call(random_search, digits, base_config, overrides,
+          dict(repetitions=acc.Poisson(mean=2), key=jax.random.key(0)))
+
+
+@pytest.mark.parametrize("overrides,match", [c[1:] for c in THRESHOLD_BAD], ids=[c[0] for c in THRESHOLD_BAD])
+def test_threshold_search_rejects_bad_arguments_before_training(no_work, digits, base_config, overrides, match):
+  with pytest.raises(ValueError, match=match):
+    _call(threshold_search, digits, base_config, overrides,
+          dict(threshold=0.5, stop_prob=0.5, key=jax.random.key(0)))
+
+
+def test_bad_data_raises_even_when_k_is_zero(digits, base_config):
+  repetitions = acc.Poisson(mean=1e-9)
+  # Without the guard `no_work`: K really is 0 for this key (checked below), so
+  # the search would train nothing; the bad data must be rejected all the same.
+  assert random_search(base_config, GRID, digits, repetitions=repetitions,
+                       key=jax.random.key(0)).num_candidates == 0
+  with pytest.raises(ValueError, match="data must be a jaxdp.data.Dataset"):
+    random_search(base_config, GRID, (1, 2), repetitions=repetitions, key=jax.random.key(0))
+
+
+def test_nan_threshold_is_rejected_not_silently_unreleased(digits, base_config):
+  # Before the check, NaN compared False with every score: the search trained
+  # and then released nothing, exactly like an honest failure.
+  with pytest.raises(ValueError, match="threshold must be a finite real number"):
+    threshold_search(base_config, GRID, digits, threshold=float("nan"), stop_prob=1.0, key=jax.random.key(2))
+
+
+def test_result_docstring_states_what_is_covered():
+  from jaxdp.tuning import TunedResult  # pylint: disable=g-import-not-at-top
+  doc = TunedResult.__doc__
+  for fact in ("adding or removing one training example", "size N is public", "data.test",
+               "NOT accounted", "reveals nothing about the data", "NOT covered by `epsilon`"):
+    assert fact in " ".join(doc.split()), fact

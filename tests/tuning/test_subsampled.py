@@ -9,7 +9,8 @@ import pytest
 from jaxdp import accounting as acc
 from jaxdp.data import DataSplit, Dataset
 from jaxdp.train import init_params, LoopSpec, train_candidate
-from jaxdp.tuning import extrapolate, subsampled_search
+from jaxdp.sweep import engine
+from jaxdp.tuning import SubsampledResult, extrapolate, subsampled_search
 
 GRID = {"learning_rate": [0.3, 1.0, 3.0]}
 REPS = acc.Poisson(mean=3)
@@ -17,15 +18,17 @@ REPS = acc.Poisson(mean=3)
 
 def _run(base_config, digits, two_devices, **kw):
   # One candidate per device: every K reuses one compilation (keeps the tests fast).
+  # With no overrides this is tests/conftest.py's `tiny_subsampled`.
   kwargs = dict(q=0.3, variant=1, repetitions=REPS, key=jax.random.key(3), devices=two_devices,
                 max_candidates_per_device=1)
   kwargs.update(kw)
   return subsampled_search(base_config, GRID, digits, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def v1(digits, base_config, two_devices):
-  return _run(base_config, digits, two_devices)
+@pytest.fixture
+def v1(tiny_subsampled):
+  """The session's shared run: `_run` with its defaults (tests/conftest.py)."""
+  return tiny_subsampled
 
 
 def _subset(data, mask):
@@ -103,6 +106,9 @@ def test_same_key_same_result(v1, digits, base_config, two_devices):
   # Another key draws another X1 (K = 0 here: only the final run trains).
   other = _run(base_config, digits, two_devices, key=jax.random.key(4), repetitions=acc.Poisson(mean=1e-9))
   assert not np.array_equal(other.subset_mask, v1.subset_mask)
+  # K = 0 releases nothing: the final run uses the first grid point (data-independent), extrapolated.
+  assert other.num_candidates == 0 and other.tuned_hyperparameters is None
+  assert other.final_hyperparameters["learning_rate"] == pytest.approx(0.3 * other.learning_rate_factor)
 
 
 def test_privacy_changing_grid_is_accounted_by_uniform_candidates(digits, base_config, two_devices):
@@ -116,14 +122,11 @@ def test_privacy_changing_grid_is_accounted_by_uniform_candidates(digits, base_c
   assert res.final_config.noise_multiplier == res.tuned_hyperparameters["noise_multiplier"]
 
 
-def test_warm_start_and_k_zero(digits, base_config, two_devices, v1):
+def test_warm_start(digits, base_config, two_devices, v1):
   warm = _run(base_config, digits, two_devices, warm_start=True)
   assert warm.tuned_hyperparameters == v1.tuned_hyperparameters
   assert not np.array_equal(np.asarray(jax.tree.leaves(warm.params)[0]), np.asarray(jax.tree.leaves(v1.params)[0]))
-  none = _run(base_config, digits, two_devices, repetitions=acc.Poisson(mean=1e-9))
-  assert none.num_candidates == 0 and none.tuned_hyperparameters is None
-  # Nothing released: the final run uses the first grid point (data-independent), extrapolated.
-  assert none.final_hyperparameters["learning_rate"] == pytest.approx(0.3 * none.learning_rate_factor)
+  # (K = 0 releasing the default is checked in test_same_key_same_result.)
 
 
 def test_train_candidate_initial_params(digits, base_config):
@@ -141,19 +144,61 @@ def test_train_candidate_initial_params(digits, base_config):
     train_candidate(base_config, digits, key, initial_params={"w": np.zeros(3)})
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(q=0.0), r"q must be in \(0.0, 1.0\)"),
-    (dict(q=1.0), r"q must be in \(0.0, 1.0\)"),
-    (dict(q=-0.5), "q must be"),
-    (dict(variant=3), "variant must be 1"),
-    (dict(variant=True), "variant must be 1"),
-    (dict(key=0), "key must be a typed PRNG key"),
-    (dict(delta=0.0), "delta"),
-    (dict(q=1e-6), r"\|X1\|=0"),
-    (dict(warm_start="yes"), "warm_start"),
-])
-def test_bad_input(digits, base_config, kw, match):
+BAD_INPUT = [
+    ("q_zero", dict(q=0.0), r"q must be in \(0.0, 1.0\)"),
+    ("q_one", dict(q=1.0), r"q must be in \(0.0, 1.0\)"),
+    ("q_negative", dict(q=-0.5), "q must be"),
+    ("q_nan", dict(q=float("nan")), "q must be finite, got nan"),
+    ("variant_3", dict(variant=3), "variant must be 1"),
+    ("variant_bool", dict(variant=True), "variant must be 1"),
+    ("key_int", dict(key=0), "key must be a typed PRNG key"),
+    ("key_batch", dict(key=jax.random.split(jax.random.key(0), 3)), r"key must be a single PRNG key of shape \(\)"),
+    ("delta_zero", dict(delta=0.0), r"delta must be in \(0.0, 1.0\), got 0.0"),
+    ("warm_start_string", dict(warm_start="yes"), "warm_start"),
+    ("repetitions_int", dict(repetitions=3), "repetitions must be a jaxdp.accounting K distribution"),
+    ("data_tuple", dict(data=(1, 2)), r"data must be a jaxdp.data.Dataset.*got tuple"),
+    ("grid_empty", dict(search_space={}), "search_space must be a non-empty mapping"),
+    ("grid_values_empty", dict(search_space={"learning_rate": ()}),
+     r"search_space\['learning_rate'\] must be a non-empty sequence"),
+    ("config_none", dict(config=None), "config must be a TrainConfig or SearchSpace"),
+    ("engine_unknown_kwarg", dict(batch=3), r"unknown keyword argument\(s\) \['batch'\]"),
+    ("engine_zero_per_device", dict(max_candidates_per_device=0), "max_candidates_per_device"),
+]
+
+
+@pytest.mark.parametrize("kw,match", [c[1:] for c in BAD_INPUT], ids=[c[0] for c in BAD_INPUT])
+def test_bad_input_is_rejected_before_any_draw_or_training(no_work, digits, base_config, kw, match):
   kwargs = dict(q=0.3, variant=1, repetitions=REPS, key=jax.random.key(0))
   kwargs.update(kw)
+  config = kwargs.pop("config", base_config)
+  search_space = kwargs.pop("search_space", GRID)
+  data = kwargs.pop("data", digits)
   with pytest.raises(ValueError, match=match):
-    subsampled_search(base_config, GRID, digits, **kwargs)
+    subsampled_search(config, search_space, data, **kwargs)
+
+
+def test_empty_subset_is_rejected_before_k_is_drawn(digits, base_config, monkeypatch):
+  # |X1| = 0 is known once the subset is drawn (it depends on N and the key
+  # only), and is reported before K is drawn or anything trains.
+  def fail(*args, **kwargs):
+    raise AssertionError("trained or drew K after drawing an empty subset")
+  monkeypatch.setattr(REPS.__class__, "sample", fail)
+  monkeypatch.setattr(engine, "train_candidates", fail)
+  with pytest.raises(ValueError, match=r"\|X1\|=0"):
+    subsampled_search(base_config, GRID, digits, q=1e-6, variant=1, repetitions=REPS, key=jax.random.key(0))
+
+
+def test_extrapolate_rejects_bad_input(base_config):
+  with pytest.raises(ValueError, match="config must be a TrainConfig"):
+    extrapolate({"learning_rate": 1.0}, 10, 20)
+  with pytest.raises(ValueError, match=r"subset_size must be an integer in \[1, inf\), got 0"):
+    extrapolate(base_config, 0, 20)
+  with pytest.raises(ValueError, match=r"final_size must be an integer in \[1, inf\), got -3"):
+    extrapolate(base_config, 10, -3)
+
+
+def test_result_docstring_states_what_is_covered():
+  doc = " ".join(SubsampledResult.__doc__.split())
+  for fact in ("adding or removing one training example", "treated as public and is revealed exactly",
+               "N = m + n", "data.test", "not accounted", "independent of the data", "never returned"):
+    assert fact in doc, fact
