@@ -26,20 +26,20 @@ test-slow: venv
 
 # The main job: Papernot-Steinke Fig. 7 (and Koskela-Kulkarni Fig. 7), PROFILE=quick|paper.
 reproduce-fig7: venv
-	$(PY) -m experiments.fig7 --profile $(PROFILE) --out $(OUT)
-	$(PY) -m experiments.kk_fig7 --profile $(PROFILE) --out $(OUT)
+	$(PY) -m jaxdp.experiments.fig7 --profile $(PROFILE) --out $(OUT)
+	$(PY) -m jaxdp.experiments.kk_fig7 --profile $(PROFILE) --out $(OUT)
 
 reproduce-fig1: venv
-	$(PY) -m experiments.fig1 --out $(OUT)
+	$(PY) -m jaxdp.experiments.fig1 --out $(OUT)
 
 figures-analytic: venv
-	$(PY) -m experiments.analytic_figures --out $(OUT)
+	$(PY) -m jaxdp.experiments.analytic_figures --out $(OUT)
 
 figures-profiles: venv
-	$(PY) -m experiments.profile_figures --out $(OUT)
+	$(PY) -m jaxdp.experiments.profile_figures --out $(OUT)
 
 figures-subsampled: venv
-	$(PY) -m experiments.kk_fig1 --out $(OUT)
+	$(PY) -m jaxdp.experiments.kk_fig1 --out $(OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

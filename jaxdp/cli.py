@@ -131,12 +131,12 @@ def _account(args) -> int:
 
 
 _FIGURES = {
-    "fig7": ("experiments.fig7", "Papernot-Steinke Fig. 7: DP-SGD learning-rate search, accuracy vs epsilon"),
-    "kk-fig7": ("experiments.kk_fig7", "Koskela-Kulkarni Fig. 7: tuning on a subset vs Papernot-Steinke"),
-    "kk-fig1": ("experiments.kk_fig1", "Koskela-Kulkarni Fig. 1: epsilon vs subset rate q"),
-    "fig1": ("experiments.fig1", "Papernot-Steinke Fig. 1: a tuned SVM hyperparameter reveals outliers"),
-    "analytic": ("experiments.analytic_figures", "Papernot-Steinke Figs. 2-6 (pure accounting)"),
-    "profiles": ("experiments.profile_figures", "Koskela-Redberg-Wang figures (pure accounting)"),
+    "fig7": ("jaxdp.experiments.fig7", "Papernot-Steinke Fig. 7: DP-SGD learning-rate search, accuracy vs epsilon"),
+    "kk-fig7": ("jaxdp.experiments.kk_fig7", "Koskela-Kulkarni Fig. 7: tuning on a subset vs Papernot-Steinke"),
+    "kk-fig1": ("jaxdp.experiments.kk_fig1", "Koskela-Kulkarni Fig. 1: epsilon vs subset rate q"),
+    "fig1": ("jaxdp.experiments.fig1", "Papernot-Steinke Fig. 1: a tuned SVM hyperparameter reveals outliers"),
+    "analytic": ("jaxdp.experiments.analytic_figures", "Papernot-Steinke Figs. 2-6 (pure accounting)"),
+    "profiles": ("jaxdp.experiments.profile_figures", "Koskela-Redberg-Wang figures (pure accounting)"),
 }
 
 

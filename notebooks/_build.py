@@ -7,8 +7,10 @@ and rerun it rather than editing the .ipynb files by hand:
   python notebooks/_build.py --check  # exit 1 if a notebook differs from this file
 
 Every notebook opens in Colab through the badge in its first cell; its first
-code cell installs jaxdp from GitHub only inside Colab. Set the environment
-variable JAXDP_NOTEBOOK_SMALL=1 for a quick, shrunken run (the tests do).
+code cell installs jaxdp inside Colab from a wheel or clone the user uploads
+(jaxdp is not on PyPI yet) and does nothing where jaxdp is importable. Set the
+environment variable JAXDP_NOTEBOOK_SMALL=1 for a quick, shrunken run (the
+tests do).
 """
 
 from __future__ import annotations
@@ -21,18 +23,40 @@ import nbformat
 from nbformat import v4
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO_URL = "https://github.com/jaxdp/jaxdp"
 COLAB = "https://colab.research.google.com/github/jaxdp/jaxdp/blob/main/notebooks/{name}.ipynb"
 BADGE = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
 
-INSTALL = f'''\
-# In Colab: install jaxdp from its repository. Elsewhere this cell does nothing
-# (install jaxdp yourself, e.g. `pip install -e .` in a clone).
+INSTALL = '''\
+# Installs jaxdp in Colab; where jaxdp is already importable (a local clone) this cell does nothing.
+#
+# jaxdp is not on PyPI yet, and the PyPI package that is called "jaxdp" is an unrelated project
+# (dynamic programming for MDPs): do not `pip install jaxdp`. Instead, in a clone of this
+# repository run `python -m build --wheel` (or `pip wheel --no-deps -w dist .`), upload
+# dist/jaxdp-*.whl with Colab's file browser (left sidebar) into /content, or put the whole
+# clone at /content/jaxdp, and run this cell.
+import glob
+import importlib.util
+import os
 import subprocess
 import sys
 
-if "google.colab" in sys.modules:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "git+{REPO_URL}"], check=True)
+
+def jaxdp_importable():
+    try:
+        return importlib.util.find_spec("jaxdp.experiments") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+if "google.colab" in sys.modules and not jaxdp_importable():
+    wheels = sorted(glob.glob("/content/jaxdp-*.whl"))
+    clone = "/content/jaxdp"
+    source = wheels[-1] if wheels else clone if os.path.isfile(os.path.join(clone, "pyproject.toml")) else None
+    if source is None:
+        raise RuntimeError("jaxdp is not on PyPI yet: upload a wheel built with `python -m build --wheel` "
+                           "(dist/jaxdp-*.whl) to /content, or a clone of the repository to /content/jaxdp, "
+                           "then rerun this cell.")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", source], check=True)
 '''
 
 SMALL = '''\
@@ -322,9 +346,9 @@ NB02 = header("02_private_search_mnist", "A private learning-rate search on MNIS
     mode, scikit-learn's 8×8 digits.
 """) + [
     code("""
-        from experiments import common
+        from jaxdp.experiments import expose_host_devices
 
-        common.expose_host_devices()  # use every CPU core as a JAX device (must precede importing JAX)
+        expose_host_devices()  # every CPU core as a JAX device (must precede JAX's first computation)
 
         import jax
         import jax.numpy as jnp
@@ -432,11 +456,11 @@ NB02 = header("02_private_search_mnist", "A private learning-rate search on MNIS
         the *choice* among several runs, which must be accounted for as well (by composition, or much
         more cheaply by the selection theorems of notebook 01).
 
-        The curves below average several random draws of the 40 points (`experiments.fig1`; every α
+        The curves below average several random draws of the 40 points (`jaxdp.experiments.fig1`; every α
         is trained at once with `jax.vmap`).
     """),
     code("""
-        from experiments import fig1
+        from jaxdp.experiments import fig1
 
         alphas = jnp.asarray(fig1.ALPHAS)
         keys = jax.random.split(jax.random.key(0), 4 if SMALL else 40)
@@ -511,13 +535,15 @@ NB03 = header("03_reproduce_fig7", "Reproducing Papernot & Steinke, Figure 7, st
        distinct trained run of each, release the best;
     3. computes the ε of each search with `jaxdp.accounting` and plots accuracy against ε.
 
-    This notebook walks through what `python -m experiments.fig7` (`make reproduce-fig7`) does.
+    This notebook walks through what `python -m jaxdp.experiments.fig7` (`make reproduce-fig7`) does.
 """) + [
     code("""
         import dataclasses
         import os
 
-        from experiments import fig7  # exposes every CPU core as a JAX device before JAX starts
+        from jaxdp.experiments import expose_host_devices, fig7
+
+        expose_host_devices()  # every CPU core as a JAX device (must precede JAX's first computation)
 
         import jax
         import matplotlib.pyplot as plt
@@ -536,8 +562,9 @@ NB03 = header("03_reproduce_fig7", "Reproducing Papernot & Steinke, Figure 7, st
 
         A profile fixes the data set, model, DP-SGD parameters, learning-rate grid, seeds and the E[K]
         values on the x-axis. `"quick"` runs on a laptop CPU in minutes (the 5,000 offline MNIST digits,
-        a small CNN, 3 epochs); `"paper"` is the paper's setting (TFDS MNIST, 60 epochs, batch 256,
-        σ = 1.1; for accelerators, e.g. a Colab GPU). Change the switch below to reproduce the paper.
+        a small CNN, 5 epochs at batch 128 and σ = 1.1, so that one run costs about the paper's ε);
+        `"paper"` is the paper's setting (TFDS MNIST, 60 epochs, batch 256, σ = 1.1; for accelerators,
+        e.g. a Colab GPU). Change the switch below to reproduce the paper.
         In small mode (the tests) a tiny profile is used instead: scikit-learn digits, logistic
         regression, 2 epochs, 3 learning rates × 2 seeds.
     """),
@@ -677,7 +704,7 @@ NB03 = header("03_reproduce_fig7", "Reproducing Papernot & Steinke, Figure 7, st
         With the tiny profile of small mode the curves are short and noisy.
 
         To write the figure, its data (CSV) and a manifest to disk instead, run
-        `python -m experiments.fig7 --profile quick` (or `--profile paper`).
+        `python -m jaxdp.experiments.fig7 --profile quick` (or `--profile paper`).
     """),
 ]
 
@@ -703,9 +730,9 @@ NB04 = header("04_subsampled_tuning", "Cheaper private tuning on a random subset
     tuning on all of X. This notebook computes both effects.
 """) + [
     code("""
-        from experiments import common
+        from jaxdp.experiments import expose_host_devices
 
-        common.expose_host_devices()  # every CPU core as a JAX device (must precede importing JAX)
+        expose_host_devices()  # every CPU core as a JAX device (must precede JAX's first computation)
 
         import jax
         import matplotlib.pyplot as plt

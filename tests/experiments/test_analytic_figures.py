@@ -1,4 +1,4 @@
-"""Tests of experiments/analytic_figures.py (Papernot & Steinke Figs 2-6)."""
+"""Tests of jaxdp/experiments/analytic_figures.py (Papernot & Steinke Figs 2-6)."""
 
 import csv
 import math
@@ -8,7 +8,7 @@ from collections import defaultdict
 import dp_accounting as dpa
 import pytest
 
-from experiments import analytic_figures as af
+from jaxdp.experiments import analytic_figures as af
 from jaxdp import accounting as acc
 
 _SERIES_FAMILIES = ("poisson", "truncated_negative_binomial", "fixed")

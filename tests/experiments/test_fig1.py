@@ -4,7 +4,7 @@ import csv
 
 import numpy as np
 
-from experiments import fig1
+from jaxdp.experiments import fig1
 
 
 def test_fig1_outputs_and_the_leak(tmp_path, capsys):

@@ -8,26 +8,13 @@ import os
 import numpy as np
 import pytest
 
-from experiments import fig7
+from jaxdp.experiments import fig7
+from tests.experiments.tiny_profiles import FIG7_TINY as TINY
 
-TINY = dataclasses.replace(fig7.PROFILES["quick"], name="tiny", dataset="digits", model="logreg", epochs=2,
-                           batch_size=64, learning_rates=(0.1, 1.0, 10.0), seeds=(0, 1),
-                           expected_ks=(1.5, 3, 8))
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-  out = tmp_path_factory.mktemp("fig7")
-  code = fig7.main(["--profile", "tiny", "--out", str(out), "--pool-dir", str(out / "pool")],
-                   profiles={"tiny": TINY})
-  assert code == 0
-  return out
-
-
-def test_outputs_and_csv(tiny_run):
+def test_outputs_and_csv(fig7_tiny_run):
   for name in ("fig7.png", "fig7.pdf", "fig7.csv", "fig7.json"):
-    assert (tiny_run / name).stat().st_size > 0
-  rows = list(csv.DictReader(open(tiny_run / "fig7.csv")))
+    assert (fig7_tiny_run / name).stat().st_size > 0
+  rows = list(csv.DictReader(open(fig7_tiny_run / "fig7.csv")))
   assert tuple(rows[0]) == fig7.CSV_COLUMNS
   curves = {(r["panel"], r["distribution"]) for r in rows}
   assert {d for _, d in curves} == {"Poisson", "TNB eta=-0.5", "TNB eta=0", "TNB eta=0.5", "TNB eta=1",
@@ -45,8 +32,8 @@ def test_outputs_and_csv(tiny_run):
   assert all(best[k] <= rdp[k] + 1e-12 for k in rdp)
 
 
-def test_manifest_is_complete(tiny_run):
-  m = json.load(open(tiny_run / "fig7.json"))
+def test_manifest_is_complete(fig7_tiny_run):
+  m = json.load(open(fig7_tiny_run / "fig7.json"))
   for key in ("profile", "train_config", "seeds", "learning_rates", "packages", "devices", "wall_time_s",
               "single_run_epsilon", "pool_size", "delta", "trials"):
     assert key in m, key
@@ -54,21 +41,21 @@ def test_manifest_is_complete(tiny_run):
   assert set(m["wall_time_s"]) >= {"load data", "plot"}
   assert m["packages"]["jax"] and m["packages"]["dp-accounting"]
   single = m["single_run_epsilon"]["rdp"]
-  rows = list(csv.DictReader(open(tiny_run / "fig7.csv")))
+  rows = list(csv.DictReader(open(fig7_tiny_run / "fig7.csv")))
   # The single-run reference lies left of every tuned point except K = 1 repetition.
   assert all(float(r["epsilon"]) > single - 1e-9 for r in rows if r["panel"] == "rdp")
 
 
-def test_rerun_resumes_from_the_pool(tiny_run, capsys):
-  code = fig7.main(["--profile", "tiny", "--out", str(tiny_run), "--pool-dir", str(tiny_run / "pool")],
+def test_rerun_resumes_from_the_pool(fig7_tiny_run, capsys):
+  code = fig7.main(["--profile", "tiny", "--out", str(fig7_tiny_run), "--pool-dir", str(fig7_tiny_run / "pool")],
                    profiles={"tiny": TINY})
   assert code == 0
   assert "pool: 6 candidates] done" in capsys.readouterr().out
 
 
-def test_pool_of_another_configuration_is_refused(tiny_run, tmp_path, capsys):
+def test_pool_of_another_configuration_is_refused(fig7_tiny_run, tmp_path, capsys):
   other = dataclasses.replace(TINY, epochs=3)
-  code = fig7.main(["--profile", "tiny", "--out", str(tmp_path), "--pool-dir", str(tiny_run / "pool")],
+  code = fig7.main(["--profile", "tiny", "--out", str(tmp_path), "--pool-dir", str(fig7_tiny_run / "pool")],
                    profiles={"tiny": other})
   assert code == 2
   assert "different sweep" in capsys.readouterr().err
@@ -85,7 +72,23 @@ def test_unwritable_output_and_unknown_profile(tmp_path, capsys):
   assert exc.value.code == 2
 
 
+def test_quick_profile_costs_about_one_paper_run():
+  # One run of the paper (q = 256/60000, sigma 1.1, 14,063 steps) costs 2.5967 by RDP at delta 1e-5
+  # (README); the quick profile is sized to match it: q = 128/4000, 5 epochs = 156 steps, sigma 1.1.
+  from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
+  paper = fig7.base_config(fig7.PROFILES["paper"], 60000)
+  quick = fig7.base_config(fig7.PROFILES["quick"], 4000)
+  assert paper.num_steps in (14062, 14063) and quick.num_steps == 156
+  eps_paper = acc.epsilon(paper.dp_event(), fig7.DELTA, method="rdp")
+  eps_quick = acc.epsilon(quick.dp_event(), fig7.DELTA, method="rdp")
+  assert eps_paper == pytest.approx(2.5967, abs=2e-3)
+  assert eps_quick == pytest.approx(2.5472, abs=2e-3)
+
+
+@pytest.mark.slow
 def test_dry_run_builds_the_paper_profile_and_runs_one_step(capsys):
+  # Loads TFDS MNIST when present (else waits for the download to fail and falls back to
+  # mnist_offline): minutes on a small CPU.
   assert fig7.main(["--profile", "paper", "--dry-run"]) == 0
   out = capsys.readouterr().out
   assert "papernot_steinke_cnn" in out and "one DP step ran: steps=1" in out

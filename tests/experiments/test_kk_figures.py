@@ -1,16 +1,13 @@
 """Koskela-Kulkarni Figures 1 and 7 end to end on tiny settings, dry run, bad input."""
 
 import csv
-import dataclasses
 import json
 import os
 
 import pytest
 
-from experiments import kk_fig1, kk_fig7
-
-TINY = dataclasses.replace(kk_fig7.PROFILES["quick"], name="tiny", batch_sizes=(64,), epochs=(2,),
-                           learning_rates=(0.3, 1.0), target_epsilons=(1.0, 3.0), mu=3, q=0.2, repetitions=2)
+from jaxdp.experiments import kk_fig1, kk_fig7
+from tests.experiments.tiny_profiles import KK_FIG7_TINY as TINY
 
 
 @pytest.fixture(scope="module")
@@ -54,19 +51,12 @@ def test_fig1_bad_out(tmp_path, capsys):
   assert "cannot be created" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def fig7_run(tmp_path_factory):
-  out = tmp_path_factory.mktemp("kk_fig7")
-  assert kk_fig7.main(["--profile", "tiny", "--out", str(out)], profiles={"tiny": TINY}) == 0
-  return out
-
-
-def test_fig7_outputs_and_csv(fig7_run):
-  num_train = json.load(open(fig7_run / "kk_fig7.json"))["num_train"]
+def test_fig7_outputs_and_csv(kk_fig7_tiny_run):
+  num_train = json.load(open(kk_fig7_tiny_run / "kk_fig7.json"))["num_train"]
   for name in ("kk_fig7.png", "kk_fig7.pdf", "kk_fig7.csv", "kk_fig7.json"):
-    assert (fig7_run / name).stat().st_size > 0
-  assert not [n for n in os.listdir(fig7_run) if n.startswith(".staging")]
-  rows = list(csv.DictReader(open(fig7_run / "kk_fig7.csv")))
+    assert (kk_fig7_tiny_run / name).stat().st_size > 0
+  assert not [n for n in os.listdir(kk_fig7_tiny_run) if n.startswith(".staging")]
+  rows = list(csv.DictReader(open(kk_fig7_tiny_run / "kk_fig7.csv")))
   assert tuple(rows[0]) == kk_fig7.CSV_COLUMNS
   assert {(r["method"], float(r["target_epsilon"])) for r in rows} == {
       (m, t) for m in kk_fig7.METHODS for t in TINY.target_epsilons}
@@ -90,8 +80,8 @@ def test_fig7_outputs_and_csv(fig7_run):
       assert float(by[(v, t)]["final_learning_rate_mean"]) > float(by[(v, t)]["learning_rate_mean"])
 
 
-def test_fig7_manifest_is_complete(fig7_run):
-  m = json.load(open(fig7_run / "kk_fig7.json"))
+def test_fig7_manifest_is_complete(kk_fig7_tiny_run):
+  m = json.load(open(kk_fig7_tiny_run / "kk_fig7.json"))
   for key in ("profile", "hyperparameter_grid", "calibrated_sigma", "seeds", "packages", "devices",
               "wall_time_s", "runs", "compute_ratio_baseline_over", "delta", "num_train"):
     assert key in m, key

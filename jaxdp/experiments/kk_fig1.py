@@ -17,7 +17,7 @@ tighter for the baseline; the figure draws the baseline's as a dotted line.
 
 Writes kk_fig1.{png,pdf,csv} to --out.
 
-  python -m experiments.kk_fig1 --out figures [--quick]
+  python -m jaxdp.experiments.kk_fig1 --out figures [--quick]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from experiments import common
+from jaxdp.experiments import common
 
 DELTA = 1e-5
 GAMMA = 0.01
@@ -69,8 +69,6 @@ def rows_for(qs: Sequence[float]) -> list:
 
 
 def plot(rows: list, single_run: float, path_base: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, len(MUS), figsize=(5.2 * len(MUS), 4.2))
   styles = {"baseline": ("k", "-"), "variant 1": ("tab:blue", "-"), "variant 2": ("tab:orange", "-")}
@@ -98,7 +96,7 @@ def plot(rows: list, single_run: float, path_base: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Writes kk_fig1.{png,pdf,csv} to --out; returns 0, or 2 for an unwritable --out."""
-  parser = argparse.ArgumentParser(prog="python -m experiments.kk_fig1", description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m jaxdp.experiments.kk_fig1", description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", default="figures", help="output directory (default: figures)")
   parser.add_argument("--quick", action="store_true", help=f"only q in {Q_QUICK} (for tests)")
   args = parser.parse_args(argv)
@@ -107,6 +105,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   except common.UsageError as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
+  common.use_headless_matplotlib()
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   rows = rows_for(Q_QUICK if args.quick else Q_FULL)

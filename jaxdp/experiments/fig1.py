@@ -9,14 +9,12 @@ the outliers, so releasing the tuned alpha (non-privately) tells whether the
 outliers were in the data. Every alpha is trained at once with `jax.vmap`;
 curves are averaged over several random draws of the 40 points.
 
-  python -m experiments.fig1 [--out figures] [--datasets 20]
+  python -m jaxdp.experiments.fig1 [--out figures] [--datasets 20]
 """
 
 from __future__ import annotations
 
-from experiments import common
-
-import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
+import argparse
 import csv
 import os
 import sys
@@ -25,6 +23,8 @@ from typing import Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxdp.experiments import common
 
 NEG_CENTRE = (7.86, -3.36)
 POS_CENTRE = (6.42, -9.17)
@@ -87,7 +87,7 @@ def run(n_datasets: int, seed: int = 0) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m experiments.fig1", description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m jaxdp.experiments.fig1", description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", default="figures", help="output directory (default: figures)")
   parser.add_argument("--datasets", type=int, default=20, help="random draws of the 40 points to average (>= 1)")
   parser.add_argument("--seed", type=int, default=0)
@@ -100,8 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"error: {err}", file=sys.stderr)
     return 2
   curves = run(args.datasets, args.seed)
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
+  common.use_headless_matplotlib()
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   rows = []
   fig, ax = plt.subplots(figsize=(6, 4))

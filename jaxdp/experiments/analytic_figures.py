@@ -23,8 +23,8 @@ values at grid points only; the plotted lines join them.
 Writes ps_fig{2..6}.{png,pdf,csv} (long-format CSVs) to --out.
 
 Usage:
-  python -m experiments.analytic_figures --out figures
-  python -m experiments.analytic_figures --out /tmp/psfigs --quick
+  python -m jaxdp.experiments.analytic_figures --out figures
+  python -m jaxdp.experiments.analytic_figures --out /tmp/psfigs --quick
 """
 
 from __future__ import annotations
@@ -38,13 +38,11 @@ import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
 
-matplotlib.use("Agg")  # Headless: the script only writes files.
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jaxdp import accounting as acc
+from jaxdp.experiments import common
 
 RHO = 0.1
 DELTA = 1e-6
@@ -204,7 +202,7 @@ def _curve_rows(figure: str, series: str, family: str, eta: Optional[float], mea
 
 def _rdp(dist: Optional[acc.KDistribution], orders: np.ndarray, method: str = "rdp"):
   event = BASE if dist is None else acc.RepeatAndSelect(BASE, dist)
-  return acc.guarantee(event, method, orders=orders)
+  return acc.make_accountant(method, orders=orders).compose(event)
 
 
 def _curve_desc(max_order: float, step: float) -> str:
@@ -311,7 +309,7 @@ def epsilon_table(cfg: Config) -> list:
   rows = []
   single = _rdp(None, EPS_ORDERS)
   rows.append({**common, "series": "single run", "distribution": "single_run", "eta": "",
-               "expected_k": 1.0, "epsilon": single.epsilon(DELTA), "expected_quantile": 0.5,
+               "expected_k": 1.0, "epsilon": single.get_epsilon(DELTA), "expected_quantile": 0.5,
                "success_probability": P_GOOD, "theorem": single.theorem})
   for spec in DISTRIBUTIONS:
     for mean in cfg.means:
@@ -321,7 +319,7 @@ def epsilon_table(cfg: Config) -> list:
       g = _rdp(dist, EPS_ORDERS)
       rows.append({**common, "series": spec.label, "distribution": spec.family,
                    "eta": _eta_str(spec.eta), "expected_k": float(mean),
-                   "epsilon": g.epsilon(DELTA), "expected_quantile": acc.expected_quantile(dist),
+                   "epsilon": g.get_epsilon(DELTA), "expected_quantile": acc.expected_quantile(dist),
                    "success_probability": acc.success_probability(dist, P_GOOD),
                    "theorem": g.theorem})
   ks = sorted({1} | {int(m) for m in cfg.means if float(m).is_integer()})
@@ -329,7 +327,7 @@ def epsilon_table(cfg: Config) -> list:
     dist = acc.Fixed(k)
     g = _rdp(dist, EPS_ORDERS, "composition")
     rows.append({**common, "series": NAIVE_LABEL, "distribution": "fixed", "eta": "",
-                 "expected_k": float(k), "epsilon": g.epsilon(DELTA),
+                 "expected_k": float(k), "epsilon": g.get_epsilon(DELTA),
                  "expected_quantile": acc.expected_quantile(dist),
                  "success_probability": acc.success_probability(dist, P_GOOD),
                  "theorem": g.theorem})
@@ -412,7 +410,7 @@ def figure6(table: Sequence[dict], out_dir: str) -> list:
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
-      prog="python -m experiments.analytic_figures",
+      prog="python -m jaxdp.experiments.analytic_figures",
       description="Reproduce the pure-accounting Figures 2-6 of Papernot & Steinke (ICLR 2022): "
                   "PNG, PDF and long-format CSV per figure.")
   parser.add_argument("--out", default="figures",
@@ -443,6 +441,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     0 on success, 2 if the output directory cannot be written.
   """
   args = _parse_args(argv)
+  common.use_headless_matplotlib()
   reason = _check_writable(args.out)
   if reason is not None:
     print(f"error: cannot write to --out {args.out!r}: {reason}", file=sys.stderr)

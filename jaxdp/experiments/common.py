@@ -13,16 +13,26 @@ import time
 
 
 def expose_host_devices() -> None:
-  """Expose every CPU core as a JAX device (must run before JAX initialises).
+  """Expose every CPU core as a JAX device.
 
-  On CPUs the sweep engine gets its parallelism from devices; on accelerators
-  the flag only affects the (unused) host platform.
+  XLA reads the flag when JAX initialises its backend (the first
+  `jax.devices()` or computation), not when `jax` is imported, so call this
+  first thing in a script's `main()` or a notebook; afterwards it has no
+  effect. On CPUs the sweep engine gets its parallelism from devices; on
+  accelerators the flag only affects the (unused) host platform. A device
+  count already in `XLA_FLAGS` is kept.
   """
-  if "jax" in sys.modules:
+  if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
     return
   flag = f"--xla_force_host_platform_device_count={os.cpu_count() or 1}"
-  if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+
+
+def use_headless_matplotlib() -> None:
+  """The scripts only write files: select the Agg backend (from `main()`, so
+  that importing a figure module in a notebook leaves its backend alone)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
 
 
 class UsageError(ValueError):

@@ -19,7 +19,7 @@ repetitions) against the epsilon of the whole procedure, with the mean sigma,
 chosen learning rate and gamma in extra panels and the relative training time
 (gradient evaluations, baseline = 1) in the legend.
 
-  python -m experiments.kk_fig7 [--profile quick|paper|paper-fashion] [--out figures] [--dry-run]
+  python -m jaxdp.experiments.kk_fig7 [--profile quick|paper|paper-fashion] [--out figures] [--dry-run]
 
 Profiles: `quick` (default) runs offline on a 2-core CPU in a few minutes
 (scikit-learn digits, logistic regression). `paper` is KK's MNIST setting
@@ -31,11 +31,7 @@ profiles are meant for accelerators.
 
 from __future__ import annotations
 
-from experiments import common
-
-common.expose_host_devices()
-
-import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
+import argparse
 import csv
 import dataclasses
 import math
@@ -44,6 +40,8 @@ import sys
 from typing import Optional, Sequence
 
 import numpy as np
+
+from jaxdp.experiments import common
 
 DELTA = 1e-5
 FALLBACK_ACCURACY = 0.1  # baseline with K = 0 or only diverged runs: a data-independent default
@@ -182,8 +180,6 @@ def summarise(records: list) -> list:
 
 
 def plot(rows: list, profile: Profile, path_base: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, 4, figsize=(17, 4.2))
   colors = {"baseline": "k", "variant 1": "tab:blue", "variant 2": "tab:orange"}
@@ -278,13 +274,15 @@ def run(profile: Profile, out_dir: str) -> dict:
 
 
 def build_parser(profiles: dict = PROFILES) -> argparse.ArgumentParser:
-  return common.profile_parser("python -m experiments.kk_fig7", __doc__, profiles,
+  return common.profile_parser("python -m jaxdp.experiments.kk_fig7", __doc__, profiles,
                                "quick: offline, 2-core CPU (default); paper / paper-fashion: for accelerators")
 
 
 def main(argv: Optional[Sequence[str]] = None, profiles: Optional[dict] = None) -> int:
   profiles = profiles or PROFILES
   args = build_parser(profiles).parse_args(argv)
+  common.expose_host_devices()
+  common.use_headless_matplotlib()
   profile = profiles[args.profile]
   from jaxdp.data import DatasetUnavailableError  # pylint: disable=g-import-not-at-top
   try:
