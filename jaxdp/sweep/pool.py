@@ -191,7 +191,7 @@ class ResultPool:
       os.close(fd)
       if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
         raise
-      who = ("another ResultPool in this process; close() it first" if holder == str(os.getpid())
+      who = ("another ResultPool in this process (close it first)" if holder == str(os.getpid())
              else f"another process (pid {holder})")
       raise PoolLockedError(
           f"run directory {self.run_dir!r} is locked: {who} is writing it. Two writers would "
