@@ -13,7 +13,10 @@ Variants tried (reported under "variants"):
     matmul with the same FLOPs as the non-private weight gradient.
   * microbatched DP step (lax.map over 4 microbatches of 64) vs one vmap.
 
-Usage: python benchmarks/dpsgd_throughput.py [--batch 256] [--repeats 7]
+Usage: python benchmarks/dpsgd_throughput.py [--batch 256] [--repeats 7] [--quick]
+
+`--quick` (batch 8 of 8x8 images, one repeat, no variants) only checks that
+the script still runs; its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import jax
@@ -32,7 +36,7 @@ from jaxdp.models import PapernotSteinkeCNN
 from jaxdp.train import clipped_grad_sum, dp_sgd
 
 
-def _steps(conv_impl: str, batch: int, microbatches: int):
+def _steps(conv_impl: str, batch: int, microbatches: int, image_size: int = 28):
   model = PapernotSteinkeCNN(num_classes=10, activation="tanh", conv_impl=conv_impl)
 
   def loss_fn(params, x, y):
@@ -62,7 +66,7 @@ def _steps(conv_impl: str, batch: int, microbatches: int):
     updates, opt_state = dp.update(grad_sum, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  x = jax.random.normal(jax.random.key(1), (batch, 28, 28, 1))
+  x = jax.random.normal(jax.random.key(1), (batch, image_size, image_size, 1))
   y = jnp.arange(batch) % 10
   mask = jnp.ones(batch, bool)
   params = jax.jit(model.init)(jax.random.key(2), x[:1])
@@ -80,9 +84,9 @@ def _time(fn, repeats: int) -> list[float]:
   return out
 
 
-def measure(conv_impl: str, batch: int, repeats: int, microbatches: int = 1) -> dict:
+def measure(conv_impl: str, batch: int, repeats: int, microbatches: int = 1, image_size: int = 28) -> dict:
   """Compiles both steps, then times them alternately; returns medians."""
-  nonprivate, dp = _steps(conv_impl, batch, microbatches)
+  nonprivate, dp = _steps(conv_impl, batch, microbatches, image_size)
   t0 = time.perf_counter()
   jax.block_until_ready(nonprivate())
   jax.block_until_ready(dp())
@@ -99,30 +103,37 @@ def measure(conv_impl: str, batch: int, repeats: int, microbatches: int = 1) -> 
           "compile_s": compile_s}
 
 
-def main() -> None:
+def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch", type=int, default=256)
   parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--image-size", type=int, default=28, help="height = width of the inputs")
   parser.add_argument("--skip-variants", action="store_true",
                       help="measure only the library default")
-  args = parser.parse_args()
-  main_result = measure("im2col", args.batch, args.repeats)
+  parser.add_argument("--quick", action="store_true",
+                      help="smoke run: --batch 8 --repeats 1 --image-size 8 --skip-variants")
+  args = parser.parse_args(argv)
+  if args.quick:
+    args.batch, args.repeats, args.image_size, args.skip_variants = 8, 1, 8, True
+  size = args.image_size
+  main_result = measure("im2col", args.batch, args.repeats, image_size=size)
   variants = []
   if not args.skip_variants:
-    variants.append(measure("native", args.batch, max(3, args.repeats // 2)))
-    variants.append(measure("im2col", args.batch, max(3, args.repeats // 2), microbatches=4))
+    variants.append(measure("native", args.batch, max(3, args.repeats // 2), image_size=size))
+    variants.append(measure("im2col", args.batch, max(3, args.repeats // 2), microbatches=4, image_size=size))
   result = {
-      "model": "papernot_steinke_cnn", "batch": args.batch, "input_shape": [28, 28, 1],
+      "model": "papernot_steinke_cnn", "batch": args.batch, "input_shape": [size, size, 1],
       "nonprivate_examples_per_s": main_result["nonprivate_examples_per_s"],
       "dp_examples_per_s": main_result["dp_examples_per_s"],
       "dp_over_nonprivate_time": main_result["dp_over_nonprivate_time"],
-      "conv_impl": "im2col", "repeats": args.repeats,
+      "conv_impl": "im2col", "repeats": args.repeats, "quick": bool(args.quick),
       "backend": jax.default_backend(), "devices": len(jax.devices()),
       "cpu_count": os.cpu_count(), "jax_version": jax.__version__,
       "variants": [main_result] + variants,
   }
   print(json.dumps(result, indent=2))
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -6,7 +6,10 @@ with the same steps: `batched` is the sweep engine's default (candidates
 sharded over host devices, one per device on CPU), `vmap_one_device` packs all
 N on one device, `sequential` calls `train_candidate` N times.
 
-  python -m benchmarks.sweep_throughput [--candidates 8] [--steps 20]
+  python -m benchmarks.sweep_throughput [--candidates 8] [--steps 20] [--quick]
+
+`--quick` (2 logistic-regression candidates, 2 steps, 5 simulated trials on
+2 means) only checks that the script still runs; its numbers mean nothing.
 """
 
 import os
@@ -42,7 +45,13 @@ def main(argv=None) -> int:
   parser.add_argument("--candidates", type=int, default=8)
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--model", default="opacus_cnn")
+  parser.add_argument("--trials", type=int, default=500, help="simulated searches per point")
+  parser.add_argument("--means", type=int, default=20, help="number of E[K] values simulated")
+  parser.add_argument("--quick", action="store_true",
+                      help="smoke run: --candidates 2 --steps 2 --model logreg --trials 5 --means 2")
   args = parser.parse_args(argv)
+  if args.quick:
+    args.candidates, args.steps, args.model, args.trials, args.means = 2, 2, "logreg", 5, 2
 
   data = load_dataset("mnist_offline")
   base = TrainConfig(l2_clip_norm=1.0, noise_multiplier=1.1, sampling_prob=64 / data.train.inputs.shape[0],
@@ -61,16 +70,16 @@ def main(argv=None) -> int:
   runs["sequential"] = _timed(lambda: [train_candidate(c.config, data, jax.random.key(c.seed)) for c in cands])
   per_hour = {k: len(cands) / v * 3600 for k, v in runs.items()}
 
-  # Trial simulator: 500 trials x 20 means x 5 distributions on a 20 x 5 pool.
+  # Trial simulator: `trials` trials x `means` means x 5 distributions on a 20 x 5 pool.
   rng = np.random.default_rng(0)
   vals = rng.uniform(size=(20, 5))
   table = PoolTable(tuple({"i": i} for i in range(20)), vals, vals, np.full(20, 5))
-  means = np.geomspace(1.5, 100, 20)
+  means = np.geomspace(1.5, 100, args.means)
   families = [acc.Poisson, lambda m: acc.TruncatedNegativeBinomial(-0.5, mean=m),
               lambda m: acc.TruncatedNegativeBinomial(0.0, mean=m),
               lambda m: acc.TruncatedNegativeBinomial(0.5, mean=m), acc.Geometric]
   dists = [f(m) for f in families for m in means]
-  sim_seconds = _timed(lambda: [simulate(table, d, 500, rng) for d in dists])
+  sim_seconds = _timed(lambda: [simulate(table, d, args.trials, rng) for d in dists])
 
   print(json.dumps({
       "candidates": len(cands), "steps": args.steps, "model": args.model,
@@ -80,7 +89,9 @@ def main(argv=None) -> int:
       "sequential_candidates_per_hour": round(per_hour["sequential"], 1),
       "speedup": round(per_hour["batched"] / per_hour["sequential"], 3),
       "vmap_speedup": round(per_hour["vmap_one_device"] / per_hour["sequential"], 3),
-      "simulator_seconds_500x20x5": round(sim_seconds, 3),
+      "simulator_trials": args.trials, "simulator_means": args.means,
+      "simulator_seconds": round(sim_seconds, 3),  # trials x means x 5 distributions
+      "quick": bool(args.quick),
   }))
   return 0
 

@@ -1,0 +1,66 @@
+"""Every benchmark script still runs and prints the JSON it documents.
+
+Each runs with its `--quick` arguments in a subprocess (as a user would run
+it: a fresh interpreter, so the scripts' own XLA flags apply), and only the
+shape of the output is checked: keys, types, finiteness. Timings are never
+asserted; they depend on the machine and on whatever else runs on it.
+
+The two training benchmarks compile CNN / sweep steps (tens of seconds even
+when tiny), so they are `slow`: CI runs them in `make test-slow`.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TIMEOUT_S = 300
+
+
+def _run(module: str, *args: str) -> dict:
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+  env.pop("XLA_FLAGS", None)  # the test session's device flags are not the script's business
+  proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=TIMEOUT_S, check=False)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  return json.loads(proc.stdout)  # the whole of stdout is one JSON object
+
+
+def _positive_numbers(out: dict, keys):
+  for key in keys:
+    assert isinstance(out[key], (int, float)) and not isinstance(out[key], bool), key
+    assert math.isfinite(out[key]) and out[key] > 0, (key, out[key])
+
+
+def test_accounting_benchmark():
+  out = _run("benchmarks.accounting", "--quick")
+  assert out["quick"] is True and "T=200" in out["event"]
+  _positive_numbers(out, ["profile_epsilon_seconds", "profile_epsilon_warm_seconds", "profile_epsilon",
+                          "rdp_epsilon_seconds", "rdp_epsilon", "max_mean_seconds", "max_mean"])
+  # Both are valid bounds on the same event; the profile method is the tighter here.
+  assert out["profile_epsilon"] <= out["rdp_epsilon"]
+  assert {"max_mean_query", "python", "machine"} <= set(out)
+
+
+@pytest.mark.slow
+def test_dpsgd_throughput_benchmark():
+  out = _run("benchmarks.dpsgd_throughput", "--quick")
+  assert out["quick"] is True and out["batch"] == 8 and out["input_shape"] == [8, 8, 1]
+  _positive_numbers(out, ["nonprivate_examples_per_s", "dp_examples_per_s", "dp_over_nonprivate_time"])
+  assert len(out["variants"]) == 1 and out["variants"][0]["conv_impl"] == "im2col"
+  _positive_numbers(out["variants"][0], ["nonprivate_step_s", "dp_step_s", "compile_s"])
+  assert {"backend", "devices", "cpu_count", "jax_version"} <= set(out)
+
+
+@pytest.mark.slow
+def test_sweep_throughput_benchmark():
+  out = _run("benchmarks.sweep_throughput", "--quick")
+  assert out["quick"] is True and out["candidates"] == 2 and out["steps"] == 2 and out["model"] == "logreg"
+  _positive_numbers(out, ["batched_candidates_per_hour", "vmap_one_device_candidates_per_hour",
+                          "sequential_candidates_per_hour", "speedup", "vmap_speedup", "simulator_seconds"])
+  assert out["simulator_trials"] == 5 and out["simulator_means"] == 2
+  assert len(out["devices"]) == os.cpu_count()  # the script exposes every core as a device
