@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml
 test: venv
 	$(PY) -m pytest -q
 
+# Only the tests marked slow (the default run deselects them). pytest exits 5
+# when nothing is collected, which is not a failure here: a checkout with no
+# slow tests left passes.
 test-slow: venv
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow || test $$? -eq 5
 
 # The main job: Papernot-Steinke Fig. 7 (and Koskela-Kulkarni Fig. 7), PROFILE=quick|paper.
 reproduce-fig7: venv
