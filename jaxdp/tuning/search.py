@@ -40,6 +40,7 @@ class TunedResult:
   accounts; the training set size N is public (every step divides by q N);
   the score is the test accuracy on `data.test`, which is treated as public
   and is NOT accounted; only the selected candidate is covered by `epsilon`.
+  The key must stay secret (it regenerates the noise).
 
   Attributes:
     hyperparameters: the selected grid point, or None when nothing is released

@@ -60,6 +60,7 @@ class SubsampledResult:
   `test_accuracy`) are test accuracies on `data.test`, which is treated as
   public and not accounted. Of the K candidates only the selected one's
   hyperparameters and score are covered; the others are never returned.
+  The key must stay secret (it regenerates the subset and the noise).
 
   Attributes:
     params: the final model's parameters.
