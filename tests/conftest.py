@@ -65,3 +65,25 @@ def tiny_subsampled(digits, base_config, two_devices):
   return subsampled_search(base_config, SEARCH_GRID, digits, repetitions=acc.Poisson(mean=3),
                            q=0.3, variant=1, key=jax.random.key(3), devices=two_devices,
                            max_candidates_per_device=1)
+
+
+@pytest.fixture(scope="session")
+def random_params():
+  """`make(module, x, seed)`: random parameters of `module` for inputs like `x`, without compiling.
+
+  Only the tree's shapes come from flax (`jax.eval_shape` traces `init` but
+  compiles nothing); the values are NumPy normals scaled by 1/sqrt(fan-in),
+  so tests that only need *some* parameters skip a costly `init` compile.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  def make(module, x, seed=0):
+    shapes = jax.eval_shape(module.init, jax.random.key(0), x)
+    rng = np.random.default_rng(seed)
+
+    def leaf(s):
+      fan_in = max(1, int(np.prod(s.shape[:-1]))) if len(s.shape) > 1 else 10
+      return jax.numpy.asarray(rng.normal(size=s.shape) / np.sqrt(fan_in), s.dtype)
+    return jax.tree.map(leaf, shapes)
+  return make

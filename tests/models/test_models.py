@@ -30,12 +30,12 @@ def test_output_shape_and_parameter_count(name, shape, expected_params):
     ("papernot_steinke_cnn", 6),
     pytest.param("opacus_cnn", 28, marks=pytest.mark.slow),
 ])
-def test_im2col_equals_native_convolution(name, size):
+def test_im2col_equals_native_convolution(name, size, random_params):
   x = jax.random.normal(jax.random.key(1), (3, size, size, 1))
   y = jnp.arange(3) % 10
   fast = models.get_model(name, num_classes=10, conv_impl="im2col")
   ref = models.get_model(name, num_classes=10, conv_impl="native")
-  params = ref.init(jax.random.key(2), x)  # same tree for both lowerings
+  params = random_params(ref, x, seed=2)  # same tree for both lowerings; no init compile
 
   def loss(m, p):
     logits = m.apply(p, x)
@@ -53,12 +53,12 @@ def test_im2col_equals_native_convolution(name, size):
     ((3, 3), (1, 1), "SAME"), ((3, 3), (2, 2), "SAME"), ((8, 8), (2, 2), ((3, 3), (3, 3))),
     ((4, 4), (2, 2), "VALID"), ((2, 3), (1, 2), ((0, 1), (2, 0))),
 ])
-def test_conv2d_im2col_equals_native_layer(kernel, strides, padding):
+def test_conv2d_im2col_equals_native_layer(kernel, strides, padding, random_params):
   x = jax.random.normal(jax.random.key(0), (2, 11, 13, 3))
   fast = models.Conv2D(4, kernel, strides, padding, "im2col")
   ref = models.Conv2D(4, kernel, strides, padding, "native")
-  # Same parameter tree for both lowerings; native init compiles faster.
-  params = ref.init(jax.random.key(1), x)
+  # Same parameter tree for both lowerings; random values need no init compile.
+  params = random_params(ref, x, seed=1)
   params = jax.tree.map(lambda p: p + 0.1, params)  # non-zero bias
   np.testing.assert_allclose(jax.jit(fast.apply)(params, x), jax.jit(ref.apply)(params, x),
                              rtol=1e-4, atol=1e-5)

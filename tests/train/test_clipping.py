@@ -8,13 +8,11 @@ from jaxdp import models
 from jaxdp.train import clipping
 
 
-def _setup(name, shape, batch=4, conv_impl="im2col"):
+def _setup(name, shape, random_params, batch=4, conv_impl="im2col"):
   model = models.get_model(name, num_classes=10, conv_impl=conv_impl, activation="tanh")
   x = jax.random.normal(jax.random.key(0), (batch,) + shape)
   y = jnp.arange(batch) % 10
-  # The native lowering has the same parameter tree and initialises faster.
-  init_model = models.get_model(name, num_classes=10, conv_impl="native", activation="tanh")
-  params = init_model.init(jax.random.key(1), x[:1])
+  params = random_params(model, x[:1], seed=1)  # no init compile
 
   def loss_fn(p, xb, yb):
     return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, xb), yb)
@@ -26,8 +24,8 @@ def _setup(name, shape, batch=4, conv_impl="im2col"):
     ("mlp", (8, 8, 1), "im2col"),
     ("papernot_steinke_cnn", (6, 6, 1), "im2col"),
 ])
-def test_per_example_grads_equal_python_loop(name, shape, conv_impl):
-  loss_fn, params, x, y = _setup(name, shape, conv_impl=conv_impl)
+def test_per_example_grads_equal_python_loop(name, shape, conv_impl, random_params):
+  loss_fn, params, x, y = _setup(name, shape, random_params, conv_impl=conv_impl)
   grads, losses = jax.jit(clipping.per_example_grads, static_argnums=0)(loss_fn, params, x, y)
   single = jax.jit(jax.value_and_grad(lambda p, xi, yi: loss_fn(p, xi[None], yi[None])[0]))
   for i in range(x.shape[0]):
@@ -61,8 +59,8 @@ def test_non_finite_gradient_contributes_exactly_zero():
                              [3.0, 4.0])
 
 
-def test_masked_padding_changes_nothing():
-  loss_fn, params, x, y = _setup("mlp", (8, 8, 1), batch=6)
+def test_masked_padding_changes_nothing(random_params):
+  loss_fn, params, x, y = _setup("mlp", (8, 8, 1), random_params, batch=6)
   fn = jax.jit(clipping.clipped_grad_sum, static_argnums=0)
   mask = jnp.array([True] * 4 + [False] * 2)
   ref, n_ref = fn(loss_fn, params, x, y, mask, 0.5)
@@ -75,8 +73,8 @@ def test_masked_padding_changes_nothing():
   assert any(float(jnp.abs(a).sum()) > 0 for a in jax.tree.leaves(ref))
 
 
-def test_clipped_grad_sum_matches_manual_clip_and_sum():
-  loss_fn, params, x, y = _setup("logreg", (8, 8, 1), batch=5)
+def test_clipped_grad_sum_matches_manual_clip_and_sum(random_params):
+  loss_fn, params, x, y = _setup("logreg", (8, 8, 1), random_params, batch=5)
   mask = jnp.array([True, False, True, True, False])
   got, _ = jax.jit(clipping.clipped_grad_sum, static_argnums=0)(loss_fn, params, x, y, mask, 0.3)
   single = jax.grad(lambda p, xi, yi: loss_fn(p, xi[None], yi[None])[0])
@@ -89,8 +87,8 @@ def test_clipped_grad_sum_matches_manual_clip_and_sum():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-def test_optax_clip_transform_matches_function_and_keeps_norm_in_state():
-  loss_fn, params, x, y = _setup("logreg", (8, 8, 1), batch=5)
+def test_optax_clip_transform_matches_function_and_keeps_norm_in_state(random_params):
+  loss_fn, params, x, y = _setup("logreg", (8, 8, 1), random_params, batch=5)
   mask = jnp.array([True, True, False, True, True])
   grads, _ = clipping.per_example_grads(loss_fn, params, x, y)
   tx = clipping.clip_per_example_l2(0.2)
