@@ -77,7 +77,9 @@ def normalize_by_expected_batch_size(expected_batch_size: float | jax.Array
   """Divides by the expected batch size q*N, never by the realised one.
 
   Dividing by the realised Poisson batch size would make the update depend on
-  a data-dependent count that the privacy analysis does not cover.
+  a data-dependent count that the privacy analysis does not cover. Dividing by
+  q*N instead assumes the dataset size N is public (README, "Privacy
+  assumptions"): N is not hidden by the accounted add/remove-one guarantee.
 
   Args:
     expected_batch_size: q * N > 0.

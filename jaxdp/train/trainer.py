@@ -11,7 +11,10 @@ probability q and processes all of them (see `jaxdp.train.sampling`); the
 accounted event is exactly `dp_event(config)`.  A run that diverges stops
 early; its reported epsilon is still that of the planned number of steps,
 which upper-bounds what ran (the stopping time depends only on the privatised
-parameters).
+parameters).  The dataset size N is treated as public: every update is
+divided by the expected batch size q*N (README, "Privacy assumptions").
+A config with noise_multiplier = 0 is not private at all (epsilon = inf) and
+warns with `NotPrivateWarning` when it is built.
 """
 
 from __future__ import annotations
