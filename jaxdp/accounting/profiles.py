@@ -31,9 +31,12 @@ Sources, by base:
 Example:
   >>> import dp_accounting as dpa
   >>> from jaxdp.accounting import profiles
-  >>> prof = profiles.base_profile(dpa.GaussianDpEvent(4.0))
+  >>> prof = profiles.GaussianProfile(0.25)   # GaussianDpEvent(4.0): mu = 1/4
   >>> round(prof.epsilon(1e-5), 4)
   0.9263
+  >>> pld = profiles.PldProfile(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(8.0), 4))
+  >>> round(pld.epsilon(1e-5), 3)
+  0.926
 """
 
 from __future__ import annotations
@@ -43,30 +46,35 @@ from typing import Optional, Sequence
 
 import dp_accounting as dpa
 import numpy as np
-from scipy import optimize, special
+from scipy import special
 
 from jaxdp import _validate
-from jaxdp.accounting import guarantees as g_lib
-
-_rdp_lib = dpa.rdp.rdp_privacy_accountant
+from jaxdp.accounting import _dpa
+from jaxdp.accounting import events as ev_lib
 
 #: PLD discretisation (in privacy-loss units). dp-accounting's default; the
 #: KRW sanity values of REFERENCE section 9.6 use it.
 PLD_DISCRETIZATION = 1e-4
 
 
-def not_applicable(reason: str) -> Exception:
-  """`accountant.NotApplicableError(reason)` (imported late: accountant imports us)."""
-  from jaxdp.accounting import accountant  # pylint: disable=g-import-not-at-top
-  return accountant.NotApplicableError(reason)
+#: Relative width to which `epsilon` brackets the smallest valid eps.
+EPSILON_RTOL = 1e-12
 
 
 class PrivacyProfile:
   """A symmetric upper bound eps -> delta(eps) of a mechanism's privacy profile.
 
   Subclasses implement `_delta_nonneg` (vectorised over eps >= 0) and may
-  override `epsilon` with a closed form. `pure_epsilon`, if not None, is an eps
-  with delta(eps') = 0 for every eps' >= eps.
+  give `_epsilon_guess`, a closed form or library inverse that seeds the
+  search. `pure_epsilon`, if not None, is an eps with delta(eps') = 0 for
+  every eps' >= eps.
+
+  Guarantees of `epsilon(delta)`: it returns e >= 0 with delta(e) <= delta
+  evaluated by this profile's own `delta` (so no rounding of an inverse
+  formula can make it optimistic), and e is the smallest such value up to
+  EPSILON_RTOL * max(1, e): delta(e - EPSILON_RTOL * max(1, e)) > delta
+  unless e = 0. It returns inf if no eps <= 2^40 qualifies. Every loop is
+  bounded, whatever delta (subnormal, 0).
   """
 
   pure_epsilon: Optional[float] = None
@@ -91,74 +99,132 @@ class PrivacyProfile:
     out = np.clip(np.where(np.isnan(out), 1.0, out), 0.0, 1.0)
     return float(out[0]) if eps.ndim == 0 else out.reshape(eps.shape)
 
-  def _round_up(self, eps: float, delta: float) -> float:
-    """Smallest eps' >= eps found by growing steps with self.delta(eps') <= delta.
+  def _epsilon_guess(self, delta: float) -> Optional[float]:
+    """An approximate inverse (it may err either way); None if there is none."""
+    return None
 
-    Closed forms and dp-accounting's inverse can disagree with `delta` in the
-    last bits; this keeps epsilon(delta) and delta(epsilon) consistent.
-    """
-    step = 1e-13 * max(1.0, abs(eps))
-    for _ in range(200):
-      if not math.isfinite(eps) or self.delta(eps) <= delta:
-        return eps
-      eps, step = eps + step, step * 2.0
-    return math.inf
+  def _accepts(self, eps: float, delta: float) -> bool:
+    """Whether delta(eps) <= delta, the test `epsilon` inverts (subclasses may
+    evaluate it more accurately, e.g. in log space)."""
+    return self.delta(eps) <= delta
 
   def epsilon(self, delta: float) -> float:
     """Smallest eps >= 0 (rounded up) with delta(eps) <= `delta`; inf if none."""
+    delta = _validate.real("delta", delta, low=0.0)
     if delta >= 1.0:
       return 0.0
-    if self.delta(0.0) <= delta:
-      return 0.0
-    if self.pure_epsilon is not None:
-      hi = self.pure_epsilon
-    else:
-      hi = 1.0
-      while self.delta(hi) > delta:
-        hi *= 2.0
-        if hi > 1e4:
-          return math.inf
-    lo = 0.0
-    # Bisection keeps delta(hi) <= target at every step: the answer errs on the private side.
-    for _ in range(200):
-      if hi - lo <= 1e-12 * max(1.0, hi):
+    return _smallest_accepted(lambda e: self._accepts(e, delta), self._epsilon_guess(delta),
+                              self.pure_epsilon)
+
+
+#: The largest eps `epsilon` looks at before answering inf.
+_EPS_MAX = 2.0 ** 40
+
+
+def _smallest_accepted(ok, guess: Optional[float], pure: Optional[float]) -> float:
+  """Smallest eps >= 0 with ok(eps), for ok monotone (false, then true).
+
+  Brackets around `guess` (or doubles from 1), then bisects until the bracket
+  is EPSILON_RTOL * max(1, hi) wide; returns the accepted end. At most ~400
+  calls of `ok`.
+  """
+  if ok(0.0):
+    return 0.0
+  lo, hi = 0.0, None
+  if guess is not None and math.isfinite(guess) and 0.0 < guess < _EPS_MAX:
+    step = 1e-9 * max(1.0, guess)
+    cand = guess
+    for _ in range(64):  # grow above the guess until accepted
+      if ok(cand):
+        hi = cand
         break
-      mid = 0.5 * (lo + hi)
-      if self.delta(mid) <= delta:
-        hi = mid
-      else:
-        lo = mid
-    return hi
+      lo, cand, step = cand, cand + step, 2.0 * step
+    if hi is not None and hi == guess:
+      cand, step = guess, 1e-9 * max(1.0, guess)
+      for _ in range(64):  # and shrink below it until rejected
+        cand = max(0.0, cand - step)
+        if not ok(cand):
+          lo = cand
+          break
+        hi, step = cand, 2.0 * step
+        if cand == 0.0:
+          return 0.0
+  if hi is None:
+    if pure is not None and math.isfinite(pure) and ok(pure):
+      hi = pure
+    else:
+      cand = max(1.0, 2.0 * lo)
+      while cand <= _EPS_MAX and not ok(cand):
+        lo, cand = cand, 2.0 * cand
+      if cand > _EPS_MAX:
+        return math.inf
+      hi = cand
+  if pure is not None and lo < pure < hi and ok(pure):
+    hi = pure  # delta is 0 from pure_epsilon on: it may itself be the answer
+  # Bisection keeps ok(hi) at every step: the answer errs on the private side.
+  for _ in range(200):
+    if hi - lo <= EPSILON_RTOL * max(1.0, hi):
+      break
+    mid = 0.5 * (lo + hi)
+    if mid in (lo, hi):
+      break
+    if ok(mid):
+      hi = mid
+    else:
+      lo = mid
+  return hi
 
 
 class GaussianProfile(PrivacyProfile):
   """Exact profile of the Gaussian mechanism (Balle & Wang 2018, Thm 8).
 
   delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu), mu = sensitivity / sigma.
+  `epsilon` inverts it in log space, so deltas down to the smallest subnormal
+  get a correct (large) epsilon, and delta = 0 gets inf.
+
+  Example:
+    >>> round(GaussianProfile(0.25).epsilon(1e-5), 4)
+    0.9263
   """
 
   def __init__(self, mu: float):
     self.mu = _validate.real("mu", mu, low=0.0, low_open=True)
     self.description = f"analytic Gaussian profile (mu = sensitivity/sigma = {self.mu:.6g})"
 
-  def _delta_nonneg(self, eps):
+  def _log_delta(self, eps):
     mu = self.mu
     # Log space: both terms are tiny for large eps and nearly equal near eps = 0.
-    log_a = special.log_ndtr(mu / 2.0 - eps / mu)
-    log_b = eps + special.log_ndtr(-mu / 2.0 - eps / mu)
     with np.errstate(divide="ignore", invalid="ignore"):
-      out = np.exp(log_a) * -np.expm1(np.minimum(log_b - log_a, 0.0))
-    return np.where(np.isfinite(out), out, 0.0)
+      log_a = special.log_ndtr(mu / 2.0 - eps / mu)
+      log_b = eps + special.log_ndtr(-mu / 2.0 - eps / mu)
+      return log_a + np.log(-np.expm1(np.minimum(log_b - log_a, 0.0)))
+
+  def _delta_nonneg(self, eps):
+    with np.errstate(invalid="ignore"):
+      out = np.exp(self._log_delta(eps))
+    # eps = inf gives NaN (inf - inf) and delta 0; any other NaN means "no bound".
+    return np.where(np.isinf(eps), 0.0, np.where(np.isnan(out), 1.0, out))
+
+  def _accepts(self, eps, delta):
+    if delta <= 0.0:
+      return False  # the Gaussian profile is positive for every eps
+    # Compare logarithms with a margin for their rounding (terms up to ~eps^2/mu^2),
+    # so a delta(eps) that underflows to a subnormal or 0 cannot pass early.
+    log_d = float(self._log_delta(np.array([eps]))[0])
+    return log_d + 1e-12 * (1.0 + abs(log_d)) <= math.log(delta)
+
+  def _epsilon_guess(self, delta):
+    if delta <= 0.0:
+      return None
+    # Chernoff: delta <= exp(-(eps - mu^2/2)^2 / (2 mu^2)).
+    mu = self.mu
+    return mu * mu / 2.0 + mu * math.sqrt(2.0 * -math.log(delta)) if delta < 1.0 else None
 
   def epsilon(self, delta):
-    if delta >= 1.0 or self._delta_nonneg(np.array([0.0]))[0] <= delta:
-      return 0.0
-    fun = lambda e: math.log(max(float(self._delta_nonneg(np.array([e]))[0]), 1e-320)) - math.log(delta)
-    hi = 1.0
-    while fun(hi) > 0:
-      hi *= 2.0
-    eps = optimize.brentq(fun, 0.0, hi, xtol=1e-13, rtol=1e-13)
-    return self._round_up(eps, delta)  # round towards privacy
+    delta = _validate.real("delta", delta, low=0.0)
+    if delta <= 0.0:
+      return math.inf
+    return super().epsilon(delta)
 
 
 class PureDpProfile(PrivacyProfile):
@@ -172,8 +238,10 @@ class PureDpProfile(PrivacyProfile):
   def _delta_nonneg(self, eps):
     return np.maximum(np.exp(self.eps0) - np.exp(eps), 0.0) / (1.0 + math.exp(self.eps0))
 
-  def epsilon(self, delta):
-    return 0.0 if self.delta(0.0) <= delta else self.eps0
+  def _epsilon_guess(self, delta):
+    # (e^eps0 - e^eps) / (1 + e^eps0) = delta, solved for eps.
+    val = math.exp(self.eps0) - delta * (1.0 + math.exp(self.eps0))
+    return math.log(val) if val > 0 else 0.0
 
 
 class ApproxDpProfile(PrivacyProfile):
@@ -188,94 +256,119 @@ class ApproxDpProfile(PrivacyProfile):
   def __init__(self, epsilon: float, delta: float):
     self.eps0 = _validate.real("epsilon", epsilon, low=0.0)
     self.delta0 = _validate.probability("delta", delta, zero_ok=True, one_ok=True)
-    if self.delta0 == 0.0:
-      self.pure_epsilon = self.eps0
+    # delta(eps) = delta0 for every eps >= eps0: the search may stop there.
+    self.pure_epsilon = self.eps0 if self.delta0 == 0.0 else None
+    self._flat_from = self.eps0
     self.description = f"({self.eps0:.6g}, {self.delta0:.3g})-DP"
 
   def _delta_nonneg(self, eps):
     rr = np.maximum(np.exp(self.eps0) - np.exp(eps), 0.0) / (1.0 + math.exp(self.eps0))
     return self.delta0 + (1.0 - self.delta0) * rr
 
-  def epsilon(self, delta):
-    if self.delta(0.0) <= delta:
-      return 0.0
-    if self.delta0 > delta:
-      return math.inf
-    if self.delta0 == delta:
-      return self.eps0
-    # delta0 + (1-delta0)(e^eps0 - e^eps)/(1+e^eps0) = delta, solved for eps.
+  def _epsilon_guess(self, delta):
+    if delta < self.delta0:
+      return None
     val = math.exp(self.eps0) - (delta - self.delta0) / (1.0 - self.delta0) * (1.0 + math.exp(self.eps0))
-    eps = math.log(val) if val > 0 else 0.0
-    return min(self._round_up(max(eps, 0.0), delta), self.eps0)
+    return math.log(val) if val > 0 else 0.0
+
+  def epsilon(self, delta):
+    delta = _validate.real("delta", delta, low=0.0)
+    if delta < 1.0 and not self._accepts(self.eps0, delta):
+      return math.inf  # delta(eps) >= delta(eps0) = delta0 > delta for every eps
+    return _smallest_accepted(lambda e: self._accepts(e, delta), self._epsilon_guess(delta),
+                              self.eps0) if delta < 1.0 else 0.0
 
 
 class PldProfile(PrivacyProfile):
   """Profile of a DpEvent from dp-accounting's PLD accountant (add/remove-one).
 
-  delta(eps) = max over the remove and add PLDs of
-  inf_mass + sum_{L > eps} p_L (1 - e^(eps - L)), dp-accounting's own formula,
-  evaluated from suffix sums (O(log n) per eps instead of dp-accounting's
-  Python loop over every atom). Pessimistic discretisation (module docstring)
-  makes every value an upper bound. Built once per (event, discretisation).
+  The PLD value is inf_mass + sum_{L > eps} p_L (1 - e^(eps - L)) maximised
+  over the remove and add PLDs, dp-accounting's own formula, evaluated from
+  suffix sums (O(log n) per eps instead of dp-accounting's Python loop over
+  every atom). Pessimistic discretisation (module docstring) makes it an upper
+  bound wherever FFT round-off is negligible, i.e. at or above
+  `_dpa.PLD_DELTA_FLOOR` (see its measurement). Below the floor the PLD only
+  says "delta(eps) < floor", so this profile is
+
+    delta(eps) = min(max(pld(eps), floor), rdp_fallback.delta(eps)),
+
+  a pointwise min of two valid upper bounds (the RDP term only if given):
+  never optimistic. Without a fallback, epsilon(delta) is inf for delta
+  below the floor.
+
+  Args:
+    event: a DpEvent that dp-accounting's `PLDAccountant` supports.
+    value_discretization_interval: PLD discretisation in privacy-loss units;
+      None picks it with `_dpa.pld_interval_for(event)` (coarser for events
+      with a large privacy loss; still pessimistic, only looser).
+    rdp_fallback: an `RdpProfile` of the same event, used below the floor and
+      wherever it is tighter.
+
+  Example:
+    >>> import dp_accounting as dpa
+    >>> ev = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0)), 1000)
+    >>> round(PldProfile(ev).epsilon(1e-6), 2)
+    2.12
   """
 
-  def __init__(self, event: dpa.DpEvent, value_discretization_interval: float = PLD_DISCRETIZATION):
+  def __init__(self, event: dpa.DpEvent, value_discretization_interval: Optional[float] = PLD_DISCRETIZATION,
+               rdp_fallback: Optional["RdpProfile"] = None):
+    if value_discretization_interval is None:
+      value_discretization_interval = _dpa.pld_interval_for(event)
     self.event = event
-    self.interval = value_discretization_interval
-    self._pld, self._non_private, self._tables = _pld(event, value_discretization_interval)
-    self.description = (f"PLD (dp-accounting, connect-the-dots, pessimistic, "
-                        f"discretisation {value_discretization_interval:g})")
+    self.interval = _validate.real("value_discretization_interval", value_discretization_interval,
+                                   low=0.0, low_open=True)
+    self.floor = _dpa.PLD_DELTA_FLOOR
+    self.rdp_fallback = rdp_fallback
+    self._pld, self._non_private = _dpa.pld_of_event(event, self.interval)
+    tables = [_dpa.pmf_table(p) for p in _dpa.pld_pmfs(self._pld)]
+    self._tables = None if any(t is None for t in tables) else tables
+    self.description = (f"PLD (dp-accounting, connect-the-dots, pessimistic, discretisation "
+                        f"{self.interval:g}; values below {self.floor:g} not trusted"
+                        + (f"; RDP fallback)" if rdp_fallback is not None else ")"))
+
+  def raw_pld_delta(self, epsilon):
+    """The PLD's own hockey-stick value, without the floor: an upper bound only
+    at or above `_dpa.PLD_DELTA_FLOOR` (for tests and diagnostics)."""
+    eps = np.atleast_1d(np.asarray(epsilon, dtype=np.float64))
+    if self._non_private:
+      out = np.ones_like(eps)
+    elif self._tables is None:  # sparse PMFs: dp-accounting's scalar path
+      out = np.array([_dpa.pld_delta(self._pld, float(e)) for e in eps])
+    else:
+      out = np.max([_dpa.suffix_delta(t, eps) for t in self._tables], axis=0)
+    return float(out[0]) if np.ndim(epsilon) == 0 else out.reshape(np.shape(epsilon))
+
+  def _pld_bound(self, eps):
+    return np.maximum(np.atleast_1d(self.raw_pld_delta(eps)), self.floor)
 
   def _delta_nonneg(self, eps):
-    if self._non_private:
-      return np.ones_like(eps)
-    if self._tables is None:  # sparse PMFs: dp-accounting's scalar path
-      return np.array([float(self._pld.get_delta_for_epsilon(float(e))) for e in eps])
-    return np.max([_suffix_delta(t, eps) for t in self._tables], axis=0)
+    out = self._pld_bound(eps)
+    if self.rdp_fallback is not None:
+      out = np.minimum(out, self.rdp_fallback._delta_nonneg(eps))  # pylint: disable=protected-access
+    return out
+
+  def _pld_epsilon(self, delta):
+    if self._non_private or delta < self.floor:
+      return math.inf
+    guess = _dpa.pld_epsilon(self._pld, max(delta, self.floor))
+    return _smallest_accepted(lambda e: float(self._pld_bound(np.array([e]))[0]) <= delta, guess, None)
 
   def epsilon(self, delta):
+    delta = _validate.real("delta", delta, low=0.0)
     if delta >= 1.0:
       return 0.0
-    if self._non_private:
-      return math.inf
-    # dp-accounting's inverse, made consistent with our (never smaller) delta.
-    return self._round_up(float(self._pld.get_epsilon_for_delta(delta)), delta)
+    # epsilon of a pointwise min of two profiles is the min of their epsilons.
+    eps = self._pld_epsilon(delta)
+    if self.rdp_fallback is not None:
+      eps = min(eps, self.rdp_fallback.epsilon(delta))
+    return eps
 
-
-def _suffix_tables(pmf):
-  """(losses, U, W, inf_mass): U[i] = sum_{j>=i} p_j, W[i] = sum_{j>=i} p_j e^-L_j."""
-  if not hasattr(pmf, "_probs"):
-    return None
-  probs = np.asarray(pmf._probs, dtype=np.float64)  # pylint: disable=protected-access
-  losses = (np.arange(probs.size) + pmf._lower_loss) * pmf._discretization  # pylint: disable=protected-access
-  probs = np.maximum(probs, 0.0)  # FFT round-off can leave tiny negative masses
-  with np.errstate(divide="ignore"):
-    w = np.exp(np.log(probs) - losses)
-  # Reverse cumulative sums add the small tail terms first.
-  upper = np.append(np.cumsum(probs[::-1])[::-1], 0.0)
-  lower = np.append(np.cumsum(w[::-1])[::-1], 0.0)
-  return losses, upper, lower, float(pmf._infinity_mass)  # pylint: disable=protected-access
-
-
-def _suffix_delta(table, eps):
-  losses, upper, lower, inf_mass = table
-  idx = np.searchsorted(losses, eps, side="right")  # first atom with L > eps
-  val = inf_mass + upper[idx] - np.exp(eps) * lower[idx]
-  # The subtraction loses at most a few ulps of upper[idx]; add them back so
-  # rounding can never make the value optimistic.
-  return np.maximum(val, 0.0) + 8.0 * np.finfo(np.float64).eps * upper[idx]
-
-
-@g_lib.cache_per_event(maxsize=32)
-def _pld(event, interval):
-  # Composition (an FFT per self-composition) is the expensive part: ~0.4 s for
-  # DP-SGD with 14063 steps, so it is cached per event.
-  accountant = dpa.pld.PLDAccountant(value_discretization_interval=interval)
-  accountant.compose(event)
-  pld = accountant._pld  # pylint: disable=protected-access
-  pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]  # pylint: disable=protected-access
-  tables = [_suffix_tables(p) for p in pmfs]
-  return pld, accountant._contains_non_dp_event, (None if any(t is None for t in tables) else tables)  # pylint: disable=protected-access
+  def source(self, delta: float) -> str:
+    """"PLD" or "RDP": which bound `epsilon(delta)` comes from."""
+    if self.rdp_fallback is not None and self.rdp_fallback.epsilon(delta) < self._pld_epsilon(delta):
+      return "RDP"
+    return "PLD"
 
 
 class RdpProfile(PrivacyProfile):
@@ -289,42 +382,45 @@ class RdpProfile(PrivacyProfile):
     self.description = "RDP curve converted to a profile (Canonne-Kamath-Steinke)"
 
   def _delta_nonneg(self, eps):
-    out = np.array([_rdp_lib.compute_delta(self.orders, self.rdp, float(e))[0] for e in eps])
+    out = np.array([_dpa.rdp_to_delta(self.orders, self.rdp, float(e)) for e in eps])
     if self.pure_epsilon is not None:
-      out = np.minimum(out, PureDpProfile(self.pure_epsilon)._delta_nonneg(eps))
+      out = np.minimum(out, PureDpProfile(self.pure_epsilon)._delta_nonneg(eps))  # pylint: disable=protected-access
     return out
 
-  def epsilon(self, delta):
-    eps = float(_rdp_lib.compute_epsilon(self.orders, self.rdp, delta)[0])
-    if self.pure_epsilon is not None and self.pure_epsilon < eps:
-      return self.pure_epsilon
-    # compute_epsilon and compute_delta may disagree in the last bits.
-    return self._round_up(eps, delta)
+  def _epsilon_guess(self, delta):
+    if delta <= 0.0:
+      return None
+    eps = _dpa.rdp_to_epsilon(self.orders, self.rdp, delta)
+    if self.pure_epsilon is not None:
+      eps = min(eps, self.pure_epsilon)
+    return eps
 
 
 class ScaledShiftedProfile(PrivacyProfile):
   """delta(eps) = min(1, scale * inner.delta(eps - shift)): every KRW selection bound.
 
-  The inverse separates: eps(delta) = inner.eps(delta / scale) + shift.
+  `epsilon` searches for the smallest eps >= 0 whose product
+  scale * inner.delta(eps - shift) is <= delta, evaluated directly (not
+  inner.epsilon(delta / scale) + shift, which rounding of delta / scale can
+  push either way); eps - shift may be negative, where inner.delta is defined.
   """
 
   def __init__(self, inner: PrivacyProfile, scale: float, shift: float, description: str = ""):
     self.inner, self.scale, self.shift = inner, float(scale), float(shift)
     if inner.pure_epsilon is not None:
-      self.pure_epsilon = inner.pure_epsilon + self.shift
+      self.pure_epsilon = max(0.0, inner.pure_epsilon + self.shift)
     self.description = description or f"{scale:.6g} x ({inner.description}) shifted by {shift:.6g}"
 
   def delta(self, epsilon):
-    out = np.minimum(1.0, self.scale * np.asarray(self.inner.delta(np.asarray(epsilon) - self.shift)))
+    out = np.minimum(1.0, self.scale * np.asarray(self.inner.delta(np.asarray(epsilon, dtype=np.float64) - self.shift)))
     return float(out) if np.ndim(out) == 0 else out
 
   def _delta_nonneg(self, eps):
     return self.delta(eps)
 
-  def epsilon(self, delta):
-    if delta >= 1.0:
-      return 0.0
-    return self._round_up(max(0.0, self.inner.epsilon(delta / self.scale) + self.shift), delta)
+  def _epsilon_guess(self, delta):
+    inner = self.inner.epsilon(min(1.0, delta / self.scale)) if delta > 0 else math.inf
+    return inner + self.shift if math.isfinite(inner) else None
 
 
 class MaxProfile(PrivacyProfile):
@@ -347,10 +443,48 @@ class MaxProfile(PrivacyProfile):
     return self.delta(eps)
 
   def epsilon(self, delta):
+    # delta(e) <= delta iff every member's is: the max of the members' epsilons.
     return max(p.epsilon(delta) for p in self.profiles)
 
 
-def report_noisy_max_profile(rnm: g_lib.ReportNoisyMax) -> PrivacyProfile:
+class MinProfile(PrivacyProfile):
+  """Pointwise min of several upper bounds of the same mechanism's profile.
+
+  Each member bounds the true profile, so their min does too: the tighter of,
+  e.g., a PLD and an RDP bound (see `tighter_of`). epsilon(delta) is the min
+  of the members' epsilons, and `source(delta)` names the member it came from.
+  """
+
+  def __init__(self, profiles: Sequence[PrivacyProfile]):
+    self.profiles = tuple(profiles)
+    if not self.profiles:
+      raise ValueError("profiles must be a non-empty sequence of PrivacyProfiles, got ()")
+    pures = [p.pure_epsilon for p in self.profiles if p.pure_epsilon is not None]
+    self.pure_epsilon = min(pures) if pures else None
+    self.description = "tighter of " + "; ".join(p.description for p in self.profiles)
+
+  def delta(self, epsilon):
+    out = np.min([np.asarray(p.delta(epsilon)) for p in self.profiles], axis=0)
+    return float(out) if np.ndim(out) == 0 else out
+
+  def _delta_nonneg(self, eps):
+    return self.delta(eps)
+
+  def epsilon(self, delta):
+    return min(p.epsilon(delta) for p in self.profiles)
+
+  def source(self, delta: float) -> str:
+    """The description of the member whose epsilon(delta) is the smallest."""
+    return min(self.profiles, key=lambda p: p.epsilon(delta)).description
+
+
+def tighter_of(*profiles: PrivacyProfile) -> MinProfile:
+  """The pointwise min of upper bounds of one mechanism's profile, e.g.
+  `tighter_of(PldProfile(event), RdpProfile(orders, rdp))`."""
+  return MinProfile(profiles)
+
+
+def report_noisy_max_profile(rnm: ev_lib.ReportNoisyMax) -> PrivacyProfile:
   """KRW Thm 3.2 (k = 1) and Thm 3.3 (k rounds): delta(eps) <= m^k delta_Delta^(k)(eps).
 
   delta_Delta^(k) is the profile of k compositions of the Gaussian mechanism at
@@ -361,52 +495,3 @@ def report_noisy_max_profile(rnm: g_lib.ReportNoisyMax) -> PrivacyProfile:
   return ScaledShiftedProfile(GaussianProfile(mu), float(rnm.num_candidates) ** rnm.num_rounds, 0.0,
                               f"KRW Thm 3.{2 if rnm.num_rounds == 1 else 3}: "
                               f"{rnm.num_candidates}^{rnm.num_rounds} x Gaussian(mu={mu:.6g})")
-
-
-def _gaussian_mu(event) -> Optional[float]:
-  """mu = sensitivity/sigma if `event` is a (self-composed) Gaussian, else None."""
-  count = 1
-  while isinstance(event, dpa.SelfComposedDpEvent):
-    count *= event.count
-    event = event.event
-  if isinstance(event, dpa.GaussianDpEvent) and event.noise_multiplier > 0:
-    return math.sqrt(count) / event.noise_multiplier
-  return None
-
-
-def base_profile(base, orders: Optional[np.ndarray] = None,
-                 value_discretization_interval: float = PLD_DISCRETIZATION) -> PrivacyProfile:
-  """The privacy profile of one run of `base` (not a `RepeatAndSelect`).
-
-  Args:
-    base: `PureDp`, `ApproxDp`, `Zcdp`, `RdpCurve`, `ReportNoisyMax`, or a
-      `dp_accounting.DpEvent`.
-    orders: RDP orders for bases that only have an RDP curve (default grid).
-    value_discretization_interval: PLD discretisation for DpEvents.
-
-  Returns:
-    A `PrivacyProfile` upper-bounding the symmetric profile of `base`.
-
-  Raises:
-    UnsupportedBaseError: `base` cannot be accounted.
-  """
-  orders = g_lib.check_orders(orders) if orders is None else np.asarray(orders, dtype=np.float64)
-  from jaxdp.accounting import subsampled  # pylint: disable=g-import-not-at-top
-  if isinstance(base, subsampled.UniformCandidates):
-    return MaxProfile([base_profile(c, orders, value_discretization_interval) for c in base.candidates])
-  if isinstance(base, g_lib.PureDp):
-    return PureDpProfile(base.epsilon)
-  if isinstance(base, g_lib.ApproxDp):
-    return ApproxDpProfile(base.epsilon, base.delta)
-  if isinstance(base, g_lib.ReportNoisyMax):
-    return report_noisy_max_profile(base)
-  if isinstance(base, (g_lib.Zcdp, g_lib.RdpCurve)):
-    return RdpProfile(orders, base.rdp(orders))
-  if isinstance(base, dpa.DpEvent):
-    mu = _gaussian_mu(base)
-    if mu is not None:
-      return GaussianProfile(mu)
-    if dpa.pld.PLDAccountant().supports(base):
-      return PldProfile(base, value_discretization_interval)
-    return RdpProfile(orders, g_lib.dp_event_rdp(base, orders))
-  raise g_lib.UnsupportedBaseError(f"no privacy profile for base {base!r}")
