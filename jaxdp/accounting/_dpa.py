@@ -88,34 +88,38 @@ def pld_pmfs(pld) -> list:
 
 
 def pmf_table(pmf):
-  """(losses, U, W, inf_mass) of a dense PMF: U[i] = sum_{j>=i} p_j,
-  W[i] = sum_{j>=i} p_j e^-L_j; None for a sparse PMF."""
+  """(losses, U, log W, inf_mass) of a dense PMF: U[i] = sum_{j>=i} p_j,
+  W[i] = sum_{j>=i} p_j e^-L_j (kept as a log: losses reach the thousands,
+  where e^-L underflows and e^eps overflows); None for a sparse PMF."""
   if not hasattr(pmf, "_probs"):
     return None
   probs = np.asarray(pmf._probs, dtype=np.float64)  # pylint: disable=protected-access
   losses = (np.arange(probs.size) + pmf._lower_loss) * pmf._discretization  # pylint: disable=protected-access
   probs = np.maximum(probs, 0.0)  # FFT round-off can leave tiny negative masses
   with np.errstate(divide="ignore"):
-    w = np.exp(np.log(probs) - losses)
+    log_w = np.log(probs) - losses
   # Reverse cumulative sums add the small tail terms first.
   upper = np.append(np.cumsum(probs[::-1])[::-1], 0.0)
-  lower = np.append(np.cumsum(w[::-1])[::-1], 0.0)
-  return losses, upper, lower, float(pmf._infinity_mass)  # pylint: disable=protected-access
+  log_lower = np.append(np.logaddexp.accumulate(log_w[::-1])[::-1], -np.inf)
+  return losses, upper, log_lower, float(pmf._infinity_mass)  # pylint: disable=protected-access
 
 
 def suffix_delta(table, eps):
   """Hockey-stick values of a `pmf_table` at the (array) eps, rounded up.
 
-  inf_mass + sum_{L > eps} p_L (1 - e^(eps - L)) = inf_mass + U[i] - e^eps W[i]
-  with i the first atom with L > eps.
+  inf_mass + sum_{L > eps} p_L (1 - e^(eps - L)) = inf_mass + U[i] - e^(eps + log W[i])
+  with i the first atom with L > eps (so e^(eps + log W[i]) <= U[i]: no overflow).
   """
-  losses, upper, lower, inf_mass = table
+  losses, upper, log_lower, inf_mass = table
   eps = np.asarray(eps, dtype=np.float64)
   idx = np.searchsorted(losses, eps, side="right")
-  val = inf_mass + upper[idx] - np.exp(eps) * lower[idx]
-  # The subtraction loses at most a few ulps of upper[idx]; add them back so
+  with np.errstate(invalid="ignore"):
+    sub = np.exp(np.where(np.isinf(eps), -np.inf, eps + log_lower[idx]))
+  val = inf_mass + upper[idx] - sub
+  # The subtraction (and logaddexp's rounding, ~1e-16 relative per atom over
+  # up to ~1e7 atoms) loses at most ~1e-9 of upper[idx]; add more back so
   # rounding can never make the value optimistic.
-  return np.maximum(val, 0.0) + 8.0 * np.finfo(np.float64).eps * upper[idx]
+  return np.maximum(val, 0.0) + (8.0 * np.finfo(np.float64).eps + 4e-16 * losses.size ** 0.5) * upper[idx]
 
 
 def pld_delta(pld, epsilon: float) -> float:

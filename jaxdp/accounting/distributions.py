@@ -53,10 +53,10 @@ def _sf_margin(k: float, scale: float) -> float:
   """Relative error bound of pmf values computed in log space at index ~k.
 
   logpmf sums terms as large as ~k log k + `scale` (gammaln, k log(mean)),
-  each with a few ulps of absolute error, which exp() turns into relative
-  error; 1e-13 per unit of that magnitude covers it with a wide margin.
+  each with a few ulps (~1e-15 per unit) of absolute error, which exp()
+  turns into relative error; 1e-14 per unit covers it with a margin of 10.
   """
-  return 1e-13 * (1.0 + k * math.log(k + 2.0) + abs(scale))
+  return 1e-14 * (1.0 + k * math.log(k + 2.0) + abs(scale))
 
 
 class KDistribution:
@@ -226,6 +226,12 @@ class Poisson(KDistribution):
     return -math.expm1(-self.mean) / self.mean
 
 
+def _log1mexp(x: float) -> float:
+  """log(1 - e^x) for x < 0, accurate at both ends (Maechler 2012): near 0
+  via expm1, and for very negative x via log1p (1 - e^x may round to 1)."""
+  return math.log(-math.expm1(x)) if x > -math.log(2.0) else math.log1p(-math.exp(x))
+
+
 def _log_a_over_expm1(a: float, z: float) -> float:
   """log(a / expm1(a z)) for z > 0 and any real a (limit -log z at a = 0), without overflow."""
   w = a * z
@@ -243,7 +249,7 @@ def _tnb_log_mean(log_gamma: float, eta: float) -> float:
   E[K] = eta (1-gamma) / (gamma (1 - gamma^eta)) (eta = 0: (1/gamma - 1)/log(1/gamma));
   with z = -log(gamma) > 0, eta / (1 - gamma^eta) = (-eta) / expm1(-eta z).
   """
-  return math.log(-math.expm1(log_gamma)) - log_gamma + _log_a_over_expm1(-eta, -log_gamma)
+  return _log1mexp(log_gamma) - log_gamma + _log_a_over_expm1(-eta, -log_gamma)
 
 
 def _tnb_log_mean_lower(log_gamma: float, eta: float) -> float:
@@ -252,7 +258,7 @@ def _tnb_log_mean_lower(log_gamma: float, eta: float) -> float:
   Its three terms can be ~10 each and cancel to ~1e-3 (mean near 1), so the
   rounding is a few ulps of the terms, not of the result.
   """
-  terms = (math.log(-math.expm1(log_gamma)), -log_gamma, _log_a_over_expm1(-eta, -log_gamma))
+  terms = (_log1mexp(log_gamma), -log_gamma, _log_a_over_expm1(-eta, -log_gamma))
   return sum(terms) - 16.0 * _EPS64 * (1.0 + sum(abs(t) for t in terms))
 
 
@@ -327,7 +333,7 @@ class TruncatedNegativeBinomial(KDistribution):
 
   @property
   def _log_one_minus_gamma(self) -> float:
-    return math.log(-math.expm1(self.log_gamma))
+    return _log1mexp(self.log_gamma)
 
   @property
   def _log_norm(self) -> float:
@@ -376,7 +382,10 @@ class TruncatedNegativeBinomial(KDistribution):
 
   def pgf_derivative(self, x):
     # f'(x) = eta (1-gamma) base^(-eta-1) / (gamma^-eta - 1).
-    return np.exp(self._log_norm + self._log_one_minus_gamma - (self.eta + 1.0) * self._log_base(x))
+    x = _check_x(x)
+    out = np.exp(self._log_norm + self._log_one_minus_gamma - (self.eta + 1.0) * self._log_base(x))
+    # f'(1) = E[K]: never report less than `mean` through rounding of the logs.
+    return np.where(x == 1.0, np.maximum(out, self.mean), out)
 
   def sample(self, rng, size=None):
     gen = _as_generator(rng)

@@ -1,5 +1,6 @@
 """Distributions of K: pmf/PGF consistency, mean<->gamma, sampling, utility helpers."""
 
+import dataclasses
 import math
 
 import jax
@@ -141,3 +142,140 @@ def test_named_members_of_the_tnb_family():
   assert acc.Geometric(mean=4).eta == 1.0 and acc.Geometric(mean=4).gamma == 0.25
   assert acc.Logarithmic(mean=10).eta == 0.0
   assert acc.Geometric(mean=4) == acc.TruncatedNegativeBinomial(1.0, gamma=0.25)
+
+
+# --------------------------------------------------------------------------- value objects
+
+
+def test_distributions_are_frozen_value_objects():
+  assert acc.Poisson(10) == acc.Poisson(mean=10.0) and hash(acc.Poisson(10)) == hash(acc.Poisson(mean=10.0))
+  assert acc.Binomial(20, 0.5) == acc.Binomial(n=20, p=0.5) != acc.Binomial(20, 0.4)
+  assert acc.Fixed(3) == acc.Fixed(k=3) and acc.CappedGeometric(0.2, 6) == acc.CappedGeometric(0.2, 6)
+  assert acc.TruncatedNegativeBinomial(0.5, mean=10) == acc.TruncatedNegativeBinomial(0.5, mean=10)
+  assert len({acc.Poisson(10), acc.Poisson(10.0), acc.Geometric(mean=4), acc.Geometric(gamma=0.25)}) == 2
+  for d in (acc.Poisson(10), acc.Geometric(mean=4), acc.Binomial(3, 0.5), acc.Fixed(2), acc.CappedGeometric(0.2, 6)):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      d.mean = 3.0  # pytype: disable=not-writable
+  # Reprs rebuild the same distribution.
+  for d in DISTS + [acc.CappedGeometric(0.2, 6), acc.TruncatedNegativeBinomial(-0.999, mean=5)]:
+    assert eval(repr(d), vars(acc)) == d, repr(d)  # pylint: disable=eval-used
+
+
+@pytest.mark.parametrize("d,shape", [
+    (acc.Poisson(10), math.inf), (acc.Poisson(0.5), None), (acc.Geometric(mean=10), 1.0),
+    (acc.Logarithmic(mean=10), 0.0), (acc.TruncatedNegativeBinomial(0.5, mean=10), 0.5),
+    (acc.TruncatedNegativeBinomial(-0.5, mean=10), None), (acc.Binomial(20, 0.5), None),
+    (acc.Fixed(3), None), (acc.CappedGeometric(0.2, 6), None),
+], ids=lambda v: repr(v))
+def test_dp_accounting_shape(d, shape):
+  assert d.dp_accounting_shape() == shape
+
+
+# --------------------------------------------------------------------------- sf
+
+
+SF_DISTS = DISTS + [acc.CappedGeometric(0.2, 6), acc.Binomial(1000, 0.3), acc.Poisson(mean=200)]
+
+
+@pytest.mark.parametrize("d", SF_DISTS, ids=[repr(d) for d in SF_DISTS])
+def test_sf_is_an_accurate_upper_bound(d):
+  k = _support(d, 20_000)
+  p = d.pmf(k)
+  for kk in (-1, 0, 1, 3, 10, 40, 150, 600):
+    # The tail summed directly from the pmf (small terms first), not 1 - cdf.
+    tail = min(1.0, p[k > kk][::-1].sum())
+    got = d.sf(kk)
+    assert got >= tail * (1 - 1e-13), (kk, got, tail)
+    assert got <= tail * (1 + 1e-8) + 1e-14, (kk, got, tail)
+  assert d.sf(-0.5) == 1.0
+  if d.max_k is not None:
+    assert d.sf(d.max_k) == 0.0
+
+
+def test_sf_of_tiny_tails_is_not_cancelled():
+  # 1 - cdf would give 0 here; the summed tail keeps the digits.
+  assert acc.Poisson(10).sf(100) == pytest.approx(stats_poisson_sf(100, 10.0), rel=1e-10)
+  tnb = acc.TruncatedNegativeBinomial(2.0, mean=4)
+  ks = np.arange(301, 2000, dtype=np.float64)
+  assert tnb.sf(300) == pytest.approx(tnb.pmf(ks)[::-1].sum(), rel=1e-8)
+  assert 0 < tnb.sf(300) < 1e-50
+  np.testing.assert_allclose(acc.Geometric(mean=10).sf(np.array([0, 5, 500])), [1.0, 0.9 ** 5, 0.9 ** 500],
+                             rtol=1e-12)
+
+
+def stats_poisson_sf(k, mu):
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  return float(stats.poisson.sf(k, mu))
+
+
+# --------------------------------------------------------------------------- extreme parameters
+
+
+EXTREME = [
+    acc.TruncatedNegativeBinomial(-0.9, mean=40),      # gamma ~ 3e-17: 1 - gamma rounds to 1
+    acc.Geometric(mean=1e17),
+    acc.TruncatedNegativeBinomial(-0.5, mean=1e8),
+    acc.TruncatedNegativeBinomial(-0.999, mean=5),     # gamma = e^-1610 underflows
+    acc.TruncatedNegativeBinomial(0.5, mean=1e15),
+]
+#: pgf'(1) vs mean: the logs entering both reach |log gamma| (up to 1610), so
+#: float64 leaves ~|log gamma| * 2^-52 relative error (3.6e-13 at 1610).
+EXTREME_RTOL = 1e-12
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("d", EXTREME, ids=[repr(d) for d in EXTREME])
+def test_extreme_parameters_construct_and_stay_accurate(d):
+  assert math.isfinite(d.mean) and d.mean > 1
+  assert math.isfinite(d.log_gamma) and d.log_gamma < 0
+  assert float(d.pgf(0.0)) == 0.0
+  assert float(d.pgf(1.0)) == pytest.approx(1.0, rel=1e-15)
+  assert float(d.pgf_derivative(1.0)) == pytest.approx(d.mean, rel=EXTREME_RTOL)
+  x = np.linspace(0.0, 1.0, 101)
+  f, fp = d.pgf(x), d.pgf_derivative(x)
+  assert np.all(np.isfinite(f)) and np.all(np.isfinite(fp))
+  assert np.all(np.diff(f) >= 0) and np.all(np.diff(fp) >= 0)  # f, f' non-decreasing on [0, 1]
+  # The series at x = 0.9 converges fast: the pmf and the closed form agree.
+  k = np.arange(0, 4000, dtype=np.float64)
+  p = d.pmf(k)
+  assert (p * 0.9 ** k).sum() == pytest.approx(float(d.pgf(0.9)), rel=1e-9)
+  # The pmf sums to one: the first 2e5 terms plus the tail, which lies between
+  # the integrals of the (decreasing) pmf from N+1 and from N.
+  n = 200_000
+  head = d.pmf(np.arange(0, n + 1, dtype=np.float64))[::-1].sum()
+  lo_tail, hi_tail = _tail_integral(d, n + 1), _tail_integral(d, n)
+  assert head + lo_tail <= 1 + 1e-9 and head + hi_tail >= 1 - 1e-9
+  # sf sums 2^18 terms past n, then bounds a power-law rest: O(2^-18) relative slack.
+  assert lo_tail * (1 - 1e-6) <= d.sf(n) <= hi_tail * (1 + 1e-5) + d.pmf(n + 1)
+  # Quantities the RDP bounds use (PS Thm 2: log(1/gamma), log E[K], P[K=1]).
+  assert math.isfinite(-d.log_gamma) and math.isfinite(math.log(d.mean)) and d.pmf(1) > 0
+
+
+def _tnb_logpmf_continuous(d, s):
+  # (1-gamma)^s eta Gamma(s+eta) / ((gamma^-eta - 1) Gamma(1+eta) Gamma(s+1)), PS Def 1.
+  from scipy import special  # pylint: disable=g-import-not-at-top
+  log_norm = math.log(d.eta / math.expm1(-d.eta * d.log_gamma))
+  a, b = d.eta, 1.0
+  if s < 1e6:
+    log_ratio = special.gammaln(s + a) - special.gammaln(s + b)
+  else:  # the gammaln difference cancels; log G(s+a)/G(s+b) = (a-b) log s + (a-b)(a+b-1)/(2s) + O(s^-2)
+    log_ratio = (a - b) * math.log(s) + (a - b) * (a + b - 1) / (2 * s)
+  return s * math.log1p(-math.exp(d.log_gamma)) + log_norm + log_ratio - special.gammaln(1 + d.eta)
+
+
+def _tail_integral(d, start):
+  """int_start^inf of the pmf's continuous extension (s = start e^u)."""
+  from scipy import integrate  # pylint: disable=g-import-not-at-top
+  u_max = math.log(1e40 / start)
+  fun = lambda u: math.exp(float(_tnb_logpmf_continuous(d, start * math.exp(u))) + u) * start
+  val, _ = integrate.quad(fun, 0.0, u_max, limit=400, epsabs=0.0, epsrel=1e-10)
+  return val
+
+
+def test_tnb_mean_keeps_working_when_gamma_underflows():
+  d = acc.TruncatedNegativeBinomial(-0.999, mean=5)
+  assert d.gamma == 0.0 and d.log_gamma == pytest.approx(-1610.0, rel=1e-3)
+  # Within 1e-10: the log-mean's terms are ~1610, so float64 resolves it to ~1e-12
+  # and the bisection keeps a rounding margin on the larger-mean side.
+  assert d.mean == pytest.approx(5.0, rel=1e-10) and d.mean >= 5.0
+  assert acc.TruncatedNegativeBinomial(-0.999, log_gamma=d.log_gamma) == d
