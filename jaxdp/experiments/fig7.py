@@ -119,6 +119,7 @@ def curve_rows(profile: Profile, table, event, rng) -> list:
 
 def plot(rows: list, single_run: dict, profile: Profile, path_base: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
   labels = list(dict.fromkeys(r["distribution"] for r in rows))
   colors = plt.get_cmap("tab10")
@@ -137,6 +138,10 @@ def plot(rows: list, single_run: dict, profile: Profile, path_base: str) -> None
     ax.annotate(f" one run\n eps={single_run[panel]:.2f}", (single_run[panel], 0.02), xycoords=("data", "axes fraction"),
                 fontsize=8)
     ax.set_xscale("log")
+    # The epsilons span less than a decade: label 2, 3, 5 x 10^k as plain numbers.
+    ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
+    ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_xlabel(f"total epsilon of the search (delta = {DELTA:g})")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
