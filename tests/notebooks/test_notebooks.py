@@ -36,7 +36,11 @@ def kernel_env(tmp_path_factory):
           "display_name": "Python 3 (jaxdp tests)", "language": "python"}
   (spec_dir / "kernel.json").write_text(json.dumps(spec))
   # Figures render with the kernel's inline backend, so plotting errors surface too.
-  env = {"JUPYTER_PATH": str(jupyter_path), "JAXDP_NOTEBOOK_SMALL": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+  # PYTHONPATH: the kernel imports the jaxdp of this checkout, the one under
+  # test, even where another copy is installed.
+  root = os.path.dirname(NOTEBOOK_DIR)
+  env = {"JUPYTER_PATH": str(jupyter_path), "JAXDP_NOTEBOOK_SMALL": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+         "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
   saved = {k: os.environ.get(k) for k in env}
   os.environ.update(env)
   yield
@@ -104,10 +108,14 @@ def test_kernel_is_this_interpreter(kernel_env, workdir):
   nb = nbformat.v4.new_notebook()
   nb.cells.append(nbformat.v4.new_code_cell("import os, sys; print(sys.executable); print(os.getcwd()); "
                                             "print(os.environ['JAXDP_NOTEBOOK_SMALL'])"))
-  lines = _text(_execute(nb, workdir).cells[0]).split()
+  nb.cells.append(nbformat.v4.new_code_cell("import jaxdp; print(jaxdp.__file__)"))
+  nb = _execute(nb, workdir)
+  lines = _text(nb.cells[0]).split()
   assert os.path.realpath(lines[0]) == os.path.realpath(sys.executable)
   assert os.path.realpath(lines[1]) == os.path.realpath(workdir)
   assert lines[2] == "1"
+  jaxdp_file = _text(nb.cells[1]).strip()
+  assert os.path.realpath(jaxdp_file).startswith(os.path.realpath(os.path.dirname(NOTEBOOK_DIR)) + os.sep)
 
 
 @pytest.mark.timeout(TIMEOUT_S)  # per notebook, kernel start included (nbclient's timeout is per cell)
