@@ -142,8 +142,11 @@ class _Curve:
   def delta(self, epsilon: float) -> float:
     if self.non_private:
       return 1.0
+    value = float(self.pld.get_delta_for_epsilon(epsilon))
+    if math.isnan(value):  # never let a NaN through as a small delta: no claim
+      return 1.0
     # scale = 1, offset = 0 (no random K) leaves dp-accounting's value bit for bit.
-    return min(1.0, self.scale * float(self.pld.get_delta_for_epsilon(epsilon)) + self.offset)
+    return min(1.0, self.scale * value + self.offset)
 
   def epsilon(self, delta: float) -> float:
     if self.non_private:
@@ -153,7 +156,10 @@ class _Curve:
     inner = (delta - self.offset) / self.scale
     if inner < 0.0:
       return math.inf
-    eps = max(0.0, float(self.pld.get_epsilon_for_delta(min(inner, 1.0))))
+    eps = float(self.pld.get_epsilon_for_delta(min(inner, 1.0)))
+    if math.isnan(eps):
+      return math.inf
+    eps = max(0.0, eps)
     # The inverse and the forward curve may disagree in the last bits (and the
     # scaling rounds): move eps up until the forward value confirms it, so the
     # returned eps is always on the feasible side and get_delta(eps) <= delta.
@@ -181,7 +187,7 @@ class PldAccountant(base.Accountant):
 
   Attributes:
     theorem: what was used, e.g. "PLD composition, mixture over K ~
-      Poisson(mean=10.0) (joint convexity), k <= 39, tail 6e-13".
+      Poisson(mean=10.0) (joint convexity), k <= 39, tail 7e-13".
 
   Guarantees:
     * get_epsilon(d) is inf for d < PLD_DELTA_FLOOR (no trusted PLD value
