@@ -227,6 +227,12 @@ class GaussianProfile(PrivacyProfile):
     return super().epsilon(delta)
 
 
+def _randomized_response(eps0: float, eps):
+  """(e^eps0 - e^eps)_+ / (1 + e^eps0) = -expm1(min(eps - eps0, 0)) / (1 + e^-eps0):
+  no overflow for large eps or eps0, no cancellation near eps0."""
+  return -np.expm1(np.minimum(np.asarray(eps, dtype=np.float64) - eps0, 0.0)) / (1.0 + math.exp(-eps0))
+
+
 class PureDpProfile(PrivacyProfile):
   """Profile of eps0-DP: randomized response, (e^eps0 - e^eps)_+ / (1 + e^eps0)."""
 
@@ -236,7 +242,7 @@ class PureDpProfile(PrivacyProfile):
     self.description = f"pure {self.eps0:.6g}-DP (randomized response)"
 
   def _delta_nonneg(self, eps):
-    return np.maximum(np.exp(self.eps0) - np.exp(eps), 0.0) / (1.0 + math.exp(self.eps0))
+    return _randomized_response(self.eps0, eps)
 
   def _epsilon_guess(self, delta):
     # (e^eps0 - e^eps) / (1 + e^eps0) = delta, solved for eps.
@@ -262,8 +268,7 @@ class ApproxDpProfile(PrivacyProfile):
     self.description = f"({self.eps0:.6g}, {self.delta0:.3g})-DP"
 
   def _delta_nonneg(self, eps):
-    rr = np.maximum(np.exp(self.eps0) - np.exp(eps), 0.0) / (1.0 + math.exp(self.eps0))
-    return self.delta0 + (1.0 - self.delta0) * rr
+    return self.delta0 + (1.0 - self.delta0) * _randomized_response(self.eps0, eps)
 
   def _epsilon_guess(self, delta):
     if delta < self.delta0:
