@@ -1,14 +1,15 @@
 """The `jaxdp` command line.
 
-  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,steps=14063 \
+  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,epochs=60 \
                 --repeat poisson:mean=10 --delta 1e-5 [--method rdp] [--json]
+  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,epochs=60 --plan 8
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
-import math
 import sys
 from typing import Optional, Sequence
 
@@ -21,7 +22,8 @@ _BASE_HELP = """\
 base mechanism (one candidate run), NAME:key=value,...
   dpsgd:q=Q,sigma=S,steps=T     DP-SGD: T steps of the Poisson-subsampled
                                 Gaussian (sampling rate Q, noise multiplier S);
-                                epochs=E may replace steps (steps = ceil(E/Q))
+                                epochs=E may replace steps (steps = ceil(E/Q),
+                                the trainer's rule)
   gaussian:sigma=S              Gaussian mechanism, noise multiplier S
   pure:eps=E                    pure E-DP
   zcdp:rho=R                    R-zero-concentrated DP"""
@@ -70,11 +72,8 @@ def _dpsgd(q, sigma, steps=None, epochs=None):
   q = acc_validate.probability("q", q, one_ok=True)
   if (steps is None) == (epochs is None):
     raise ValueError("--base dpsgd: give exactly one of steps or epochs")
-  if steps is None:
-    steps = math.ceil(acc_validate.real("epochs", epochs, low=0.0, low_open=True) / q)
-  steps = acc_validate.integer("steps", steps, low=1)
-  sigma = acc_validate.real("sigma", sigma, low=0.0, low_open=True)
-  return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+  steps = acc.dpsgd_steps(epochs, q) if steps is None else acc_validate.integer("steps", steps, low=1)
+  return acc.dpsgd_event(q, acc_validate.real("sigma", sigma, low=0.0, low_open=True), steps)
 
 
 def _gaussian(sigma):
@@ -110,21 +109,30 @@ def _parse_orders(text: Optional[str]):
 
 def _account(args) -> int:
   base = _build(args.base, "base", _BASES)
-  event = acc.RepeatAndSelect(base, _build(args.repeat, "repeat", _REPEATS)) if args.repeat else base
   orders = _parse_orders(args.orders)
+  refined = args.allow_refined
+  if args.plan is not None:
+    if args.repeat or args.epsilon is not None:
+      raise ValueError("--plan chooses the distribution of K for a budget itself; drop --repeat/--epsilon")
+    delta = 1e-5 if args.delta is None else args.delta
+    result = acc.plan(base, epsilon=args.plan, delta=delta, method=args.method or "best",
+                      allow_refined=refined)
+    print(result.to_json() if args.json else str(result))
+    return 0
+  event = acc.RepeatAndSelect(base, _build(args.repeat, "repeat", _REPEATS)) if args.repeat else base
   header = {"base": args.base, "repeat": args.repeat, "orders": "custom" if orders else "default"}
   if args.epsilon is not None:
     method = args.method or "best"
-    value = acc.delta(event, args.epsilon, method=method, orders=orders)
+    value = acc.delta(event, args.epsilon, method=method, orders=orders, allow_refined=refined)
     out = dict(header, epsilon=args.epsilon, method=method, delta=value)
     print(json.dumps(out, indent=2) if args.json else f"delta = {value:.6g}  ({method})")
     return 0
   delta = 1e-5 if args.delta is None else args.delta
   if args.method is None:
-    rep = acc.report(event, delta, orders=orders)
+    rep = acc.report(event, delta, orders=orders, allow_refined=refined)
     print(json.dumps(dict(header, **rep.to_dict()), indent=2, default=str) if args.json else str(rep))
     return 0
-  value = acc.epsilon(event, delta, method=args.method, orders=orders)
+  value = acc.epsilon(event, delta, method=args.method, orders=orders, allow_refined=refined)
   out = dict(header, delta=delta, method=args.method, epsilon=value)
   print(json.dumps(out, indent=2) if args.json else f"epsilon = {value:.6g}  ({args.method}, delta={delta:g})")
   return 0
@@ -149,21 +157,31 @@ def _reproduce(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="jaxdp", description="Differentially private hyperparameter tuning in JAX.")
+  parser.add_argument("--version", action="version", version=f"jaxdp {importlib.metadata.version('jaxdp')}")
   sub = parser.add_subparsers(dest="command", required=True)
   p = sub.add_parser(
       "account", formatter_class=argparse.RawTextHelpFormatter,
       help="(epsilon, delta) of repeat-and-select tuning",
       description="Privacy of running a DP training K times and releasing only the best run.\n"
-                  "Without --method, prints every method and marks the tightest.",
-      epilog="example:\n  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,steps=14063 "
-             "--repeat poisson:mean=10 --delta 1e-5")
+                  "Without --method, prints every method and marks the one 'best' uses.\n"
+                  "With --plan EPS, prints for each family of K the most candidates EPS affords.",
+      epilog="examples:\n  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,epochs=60 "
+             "--repeat poisson:mean=10 --delta 1e-5\n"
+             "  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,epochs=60 --plan 8")
   p.add_argument("--base", required=True, metavar="SPEC", help=_BASE_HELP)
   p.add_argument("--repeat", metavar="SPEC", help=_REPEAT_HELP)
   target = p.add_mutually_exclusive_group()
   target.add_argument("--delta", type=float, help="target delta in (0, 1) (default 1e-5); prints epsilon")
   target.add_argument("--epsilon", type=float, help="target epsilon >= 0; prints delta instead")
+  p.add_argument("--plan", type=float, metavar="EPS",
+                 help="budget epsilon > 0: per family of K (Poisson, geometric, logarithmic,\n"
+                           "TNB eta=0.5, fixed), the largest E[K], P(K=0) and the expected\n"
+                           "quantile of the released run (at --delta, default 1e-5)")
   p.add_argument("--method", choices=acc.ALL_METHODS,
                  help="accounting method; 'best' takes the minimum over all that apply")
+  p.add_argument("--allow-refined", action="store_true",
+                 help="let 'best' use 'profile-refined' (opt-in: its c(eps1) is derived in\n"
+                      "jaxdp, not taken from the paper)")
   p.add_argument("--orders", metavar="LIST", help="comma-separated RDP orders > 1 (default: dp-accounting's grid)")
   p.add_argument("--json", action="store_true", help="print a JSON object")
   p.set_defaults(func=_account)

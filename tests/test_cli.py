@@ -89,3 +89,24 @@ def test_reproduce_dispatches_to_the_figure_scripts(tmp_path, capsys):
   with pytest.raises(SystemExit) as exc:
     cli.main(["reproduce", "fig99"])
   assert exc.value.code == 2
+
+
+def test_version_plan_and_allow_refined(capsys):
+  with pytest.raises(SystemExit) as exc:
+    cli.main(["--version"])
+  assert exc.value.code == 0 and capsys.readouterr().out.startswith("jaxdp ")
+  assert cli.main(["account", "--base", "gaussian:sigma=4", "--plan", "2", "--json"]) == 0
+  plan = json.loads(capsys.readouterr().out)
+  assert [f["family"] for f in plan["families"]] == ["poisson", "geometric", "logarithmic", "tnb-0.5", "fixed"]
+  assert all(f["epsilon"] <= 2.0 for f in plan["families"])
+  # The report's header is readable, "best" marks its row, and profile-refined is explained.
+  assert cli.main(["account", "--base", "gaussian:sigma=4", "--repeat", "geometric:mean=10"]) == 0
+  text = capsys.readouterr().out
+  assert text.startswith("Privacy of: best of K ~ Geometric") and "used by best" in text
+  assert "profile-refined is opt-in" in text
+  assert cli.main(["account", "--base", "gaussian:sigma=4", "--repeat", "geometric:mean=10",
+                   "--allow-refined", "--json"]) == 0
+  rep = json.loads(capsys.readouterr().out)
+  refined = {m["method"]: m["epsilon"] for m in rep["methods"]}["profile-refined"]
+  assert rep["allow_refined"] and rep["best"]["epsilon"] == pytest.approx(refined)
+  assert cli.main(["account", "--base", "gaussian:sigma=4", "--repeat", "fixed:k=2", "--plan", "2"]) == 2

@@ -5,7 +5,7 @@ change a candidate's own privacy, the sampling rate gamma and the number of
 epochs, and give every candidate the smallest noise multiplier sigma that
 keeps that single run within a fixed per-candidate (epsilon, delta) target.
 `calibrate_noise_grid` computes that sigma for every grid point by bisection on
-dp-accounting's RDP accountant (the subsampled-Gaussian RDP of Mironov, Talwar
+dp-accounting's RDP accountant through `calibrate_dp_mechanism` (the subsampled-Gaussian RDP of Mironov, Talwar
 & Zhang 2019, converted to (epsilon, delta) by dp-accounting's conversion).
 
 Rounding is always towards more noise: the returned sigma has been checked to
@@ -17,20 +17,12 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-import dp_accounting as dpa
 import numpy as np
 
 from jaxdp import _validate
-from jaxdp.accounting.guarantees import DEFAULT_ORDERS
-
-# Below this sigma we stop looking for a smaller one (the answer is then this bound).
-_SIGMA_MIN = 1e-3
-
-
-def _dpsgd_epsilon(sampling_prob: float, sigma: float, steps: int, delta: float, orders) -> float:
-  """RDP epsilon of `steps` Poisson-subsampled Gaussian steps (add/remove-one)."""
-  event = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(sampling_prob, dpa.GaussianDpEvent(sigma)), steps)
-  return float(dpa.rdp.RdpAccountant(orders).compose(event).get_epsilon(delta))
+from jaxdp.accounting import _dpa
+from jaxdp.accounting import events as ev
+from jaxdp.accounting import inverse
 
 
 def _as_grid_array(name: str, values, *, low: float, low_open: bool) -> np.ndarray:
@@ -53,8 +45,8 @@ def calibrate_noise_grid(sampling_probs, epochs=None, *, steps=None, target_epsi
                          sigma_max: float = 1e3) -> np.ndarray:
   """Smallest DP-SGD noise multiplier per (sampling rate, epochs) grid point.
 
-  For every grid point (gamma, T) with T = round(epochs / gamma) (the rule of
-  `jaxdp.train.TrainConfig.num_steps`) or T = steps, returns the smallest
+  For every grid point (gamma, T) with T = ceil(epochs / gamma) (the step
+  rule `dpsgd_steps` of the trainer) or T = steps, returns the smallest
   sigma (within `rtol`) such that T steps of the Poisson-subsampled Gaussian
   with rate gamma are (target_epsilon, target_delta)-DP by the RDP accountant
   (Koskela & Kulkarni 2023, Sec. 5: per-candidate calibration when gamma and
@@ -104,8 +96,8 @@ def calibrate_noise_grid(sampling_probs, epochs=None, *, steps=None, target_epsi
   targets = _as_grid_array("target_epsilon", target_epsilon, low=0.0, low_open=True)
   target_delta = _validate.probability("target_delta", target_delta)
   rtol = _validate.real("rtol", rtol, low=0.0, low_open=True, high=1.0)
-  sigma_max = _validate.real("sigma_max", sigma_max, low=_SIGMA_MIN, low_open=True)
-  orders = list(DEFAULT_ORDERS) if orders is None else list(_validate.real_array("orders", orders, low=1.0,
+  sigma_max = _validate.real("sigma_max", sigma_max, low=1e-3, low_open=True)
+  orders = list(_dpa.DEFAULT_ORDERS) if orders is None else list(_validate.real_array("orders", orders, low=1.0,
                                                                                  low_open=True))
   try:
     gammas, lengths, targets = np.broadcast_arrays(gammas, lengths, targets)
@@ -117,40 +109,13 @@ def calibrate_noise_grid(sampling_probs, epochs=None, *, steps=None, target_epsi
   cache: dict = {}
   for idx in np.ndindex(gammas.shape):
     gamma, target = float(gammas[idx]), float(targets[idx])
-    num_steps = int(lengths[idx]) if steps is not None else int(round(float(lengths[idx]) / gamma))
-    if num_steps < 1:
-      raise ValueError(f"grid point sampling_prob={gamma!r}, epochs={float(lengths[idx])!r} gives "
-                       "round(epochs / sampling_prob) = 0 steps; need >= 1")
+    num_steps = int(lengths[idx]) if steps is not None else ev.dpsgd_steps(float(lengths[idx]), gamma)
     point = (gamma, num_steps, target)
     if point not in cache:
       where = (f"sampling_prob={gamma!r}, steps={num_steps}"
                + ("" if steps is not None else f" (epochs={float(lengths[idx])!r})"))
-      cache[point] = _smallest_sigma(
-          lambda s, g=gamma, t=num_steps: _dpsgd_epsilon(g, s, t, target_delta, orders),
-          target, sigma_max, rtol, where, target_delta)
+      cache[point] = inverse.noise_for(
+          lambda sigma, g=gamma, t=num_steps: ev.dpsgd_event(g, sigma, t), target, target_delta,
+          method="rdp", orders=orders, rtol=rtol, sigma_max=sigma_max, where=f" for grid point {where}")
     out[idx] = cache[point]
   return out
-
-
-def _smallest_sigma(eps_fn, target: float, sigma_max: float, rtol: float, where: str, delta: float) -> float:
-  """Geometric bisection; invariant: eps_fn(hi) <= target < eps_fn(lo)."""
-  # epsilon decreases in sigma for the subsampled Gaussian, so bracket by doubling.
-  hi = min(1.0, sigma_max)
-  while eps_fn(hi) > target:
-    if hi >= sigma_max:
-      raise ValueError(f"no noise_multiplier <= sigma_max={sigma_max!r} meets target_epsilon={target!r} at "
-                       f"target_delta={delta!r} for grid point {where} (sigma_max gives epsilon="
-                       f"{eps_fn(sigma_max):.6g}); raise sigma_max, the target, or shorten training")
-    hi = min(2.0 * hi, sigma_max)
-  lo = hi / 2.0
-  while eps_fn(lo) <= target:
-    hi, lo = lo, lo / 2.0
-    if hi <= _SIGMA_MIN:
-      return hi
-  while hi / lo > 1.0 + rtol:
-    mid = math.sqrt(lo * hi)
-    if eps_fn(mid) <= target:
-      hi = mid
-    else:
-      lo = mid
-  return hi

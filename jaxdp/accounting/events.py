@@ -1,34 +1,247 @@
-"""Privacy events that dp-accounting lacks: repeat-and-select over a random K.
+"""jaxdp's privacy events: what ran, as `dp_accounting.DpEvent`s.
 
-Events are plain data (frozen dataclasses), like dp-accounting's `DpEvent`s:
-they describe what ran; `jaxdp.accounting.epsilon` turns them into numbers.
+Every event here is a frozen `dp_accounting.DpEvent` subclass, so it nests in
+dp-accounting's `ComposedDpEvent` / `SelfComposedDpEvent` and composes with
+everything else a user releases ("tune, train the final model, release a few
+statistics"). Events are plain data: the accountants (`rdp_accountant`,
+`profile_accountant`, `liu_talwar`, `pld_accountant`) turn them into numbers,
+and each says through `supports(event)` whether (and why not) it can.
+
+This module is the bottom of `jaxdp.accounting`: it imports nothing from jaxdp
+but the dependency-free validators, so every other module may import it.
+
+Compatibility contract (dp-accounting's, adopted): an event class and its
+fields are never removed or re-purposed; new fields are optional.
+
+Example:
+  >>> import dp_accounting as dpa
+  >>> from jaxdp import accounting as acc
+  >>> run = acc.dpsgd_event(256 / 60000, 1.1, acc.dpsgd_steps(60, 256 / 60000))
+  >>> tune = acc.RepeatAndSelect(run, acc.Poisson(mean=10))
+  >>> release = dpa.ComposedDpEvent([tune, run])   # tune, then train the final model
+  >>> round(acc.epsilon(release, 1e-5, method="rdp"), 2)
+  6.46
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Union
+from typing import Any, Optional, Sequence
 
+import attr
 import dp_accounting as dpa
+import numpy as np
 
-from jaxdp.accounting import distributions as dist_lib
-from jaxdp.accounting import guarantees
+from jaxdp import _validate
 
 
-@dataclasses.dataclass(frozen=True)
-class RepeatAndSelect:
+class NotApplicableError(ValueError):
+  """An accountant (method) has no theorem covering this event."""
+
+
+class UnsupportedBaseError(NotApplicableError):
+  """No jaxdp accountant can account this event (e.g. an unknown DpEvent)."""
+
+
+def _set(obj, name, value):
+  object.__setattr__(obj, name, value)  # attrs frozen classes: normalise in post-init
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class PureDp(dpa.DpEvent):
+  """A mechanism that is epsilon-DP in the pure sense (delta = 0)."""
+
+  epsilon: float
+
+  def __attrs_post_init__(self):
+    _set(self, "epsilon", _validate.real("epsilon", self.epsilon, low=0.0))
+
+  def rdp(self, orders) -> np.ndarray:
+    """Exact worst-case Renyi divergence of an eps-DP pair (randomized response).
+
+    Every eps-DP pair is a post-processing of binary randomized response with
+    the same eps, so D_l = log((e^{eps l} + e^{eps (1-l)}) / (1 + e^eps)) / (l - 1)
+    <= min(eps, l eps^2 / 2).
+    """
+    eps, lam = self.epsilon, np.asarray(orders, dtype=np.float64)
+    if eps == 0.0:
+      return np.zeros_like(lam)
+    log_sum = np.logaddexp(eps * lam, eps * (1.0 - lam)) - np.logaddexp(0.0, eps)
+    # expm1-free form loses everything for eps ~ 1e-9; l eps^2/2 is then exact to O(eps^3).
+    return np.minimum(np.maximum(log_sum / (lam - 1.0), 0.0), np.minimum(eps, 0.5 * lam * eps * eps))
+
+  def hockey_stick(self, epsilon: float) -> float:
+    """Exact privacy profile delta(epsilon) of the worst eps-DP pair (randomized response)."""
+    if epsilon >= self.epsilon:
+      return 0.0
+    return -math.expm1(epsilon - self.epsilon) / (1.0 + math.exp(-self.epsilon))
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class Zcdp(dpa.DpEvent):
+  """rho-zero-concentrated DP: (lambda, rho * lambda)-RDP for every lambda > 1."""
+
+  rho: float
+
+  def __attrs_post_init__(self):
+    _set(self, "rho", _validate.real("rho", self.rho, low=0.0))
+
+  def rdp(self, orders) -> np.ndarray:
+    return self.rho * np.asarray(orders, dtype=np.float64)
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class RdpCurve(dpa.DpEvent):
+  """An RDP guarantee given as values on its own orders.
+
+  Asked for another order lambda, the curve answers with its value at the
+  smallest own order >= lambda (Renyi divergence is non-decreasing in the
+  order), and with +inf above its largest order: never optimistic.
+  """
+
+  orders: Sequence[float]
+  values: Sequence[float]
+
+  def __attrs_post_init__(self):
+    orders = _validate.real_array("orders", self.orders, low=1.0, low_open=True)
+    values = _validate.real_array("values", self.values, low=0.0, allow_inf=True)
+    if orders.shape != values.shape:
+      raise ValueError(f"orders and values must have the same length, got "
+                       f"{orders.size} and {values.size}")
+    idx = np.argsort(orders)
+    orders, values = orders[idx], values[idx]
+    if np.any(np.diff(orders) == 0):
+      raise ValueError(f"orders must be distinct, got {self.orders!r}")
+    # A larger order's bound also bounds every smaller order.
+    values = np.minimum.accumulate(values[::-1])[::-1]
+    _set(self, "orders", tuple(orders.tolist()))
+    _set(self, "values", tuple(values.tolist()))
+
+  def rdp(self, orders) -> np.ndarray:
+    own_o = np.asarray(self.orders)
+    own_v = np.append(np.asarray(self.values), np.inf)
+    return own_v[np.searchsorted(own_o, np.asarray(orders, dtype=np.float64), side="left")]
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class ApproxDp(dpa.DpEvent):
+  """(epsilon, delta)-DP at one point. With delta > 0 it bounds no Renyi
+  divergence: the privacy-profile and PLD accountants account it."""
+
+  epsilon: float
+  delta: float
+
+  def __attrs_post_init__(self):
+    _set(self, "epsilon", _validate.real("epsilon", self.epsilon, low=0.0))
+    _set(self, "delta", _validate.probability("delta", self.delta, zero_ok=True, one_ok=False))
+
+  def rdp(self, orders) -> np.ndarray:
+    if self.delta == 0.0:
+      return PureDp(self.epsilon).rdp(orders)
+    return np.full(np.shape(orders), np.inf)
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class ReportNoisyMax(dpa.DpEvent):
+  """Report Noisy Max with Gaussian noise: argmax_i f_i(X) + N(0, sigma^2), i in [m].
+
+  Scores have sensitivity 1; `monotonic=True` if all scores move in the same
+  direction between neighbours (then the noise sees sensitivity 1, else 2).
+  `num_rounds` = k adaptive rounds (KRW Thm 3.3). Only the index is released.
+  """
+
+  noise_multiplier: float
+  num_candidates: int
+  num_rounds: int = 1
+  monotonic: bool = False
+
+  def __attrs_post_init__(self):
+    _set(self, "noise_multiplier",
+         _validate.real("noise_multiplier", self.noise_multiplier, low=0.0, low_open=True))
+    _set(self, "num_candidates", _validate.integer("num_candidates", self.num_candidates, low=1))
+    _set(self, "num_rounds", _validate.integer("num_rounds", self.num_rounds, low=1))
+    if not isinstance(self.monotonic, bool):
+      raise ValueError(f"monotonic must be a bool, got {self.monotonic!r}")
+
+  @property
+  def score_sensitivity(self) -> float:
+    return 1.0 if self.monotonic else 2.0
+
+  def rdp(self, orders) -> np.ndarray:
+    # KRW Thm 3.1 (Zhu & Wang 2022): per round eps_Delta(l) + log(m)/(l-1), with
+    # eps_Delta(l) = l Delta^2/(2 sigma^2) the Gaussian RDP; k rounds compose.
+    lam = np.asarray(orders, dtype=np.float64)
+    per_round = (lam * self.score_sensitivity ** 2 / (2.0 * self.noise_multiplier ** 2)
+                 + math.log(self.num_candidates) / (lam - 1.0))
+    return self.num_rounds * per_round
+
+
+# --------------------------------------------------------------------------- DP-SGD
+
+
+def dpsgd_steps(epochs: float, sampling_prob: float) -> int:
+  """The step rule: T = ceil(epochs / sampling_prob) Poisson-sampled steps.
+
+  With expected batch q N, epochs / q steps see `epochs` passes in
+  expectation; rounding up never trains (or accounts) for fewer than asked.
+  A relative slack of 1e-9 keeps 3 / 0.5 at 6 steps despite float division.
+  This is the rule of the trainer, the CLI, the notebooks and the README
+  (60 epochs at q = 256/60000: 14063 steps).
+  """
+  epochs = _validate.real("epochs", epochs, low=0.0, low_open=True)
+  sampling_prob = _validate.probability("sampling_prob", sampling_prob, one_ok=True)
+  ratio = epochs / sampling_prob
+  return max(1, math.ceil(ratio * (1.0 - 1e-9)))
+
+
+def dpsgd_event(sampling_prob: float, noise_multiplier: float, iterations: int) -> dpa.DpEvent:
+  """DP-SGD: `iterations` steps of the Poisson-subsampled Gaussian (add/remove-one).
+
+  Every step samples each example with probability `sampling_prob`, adds
+  N(0, (noise_multiplier * C)^2) to the sum of gradients clipped to norm C.
+  """
+  sampling_prob = _validate.probability("sampling_prob", sampling_prob, one_ok=True)
+  noise_multiplier = _validate.real("noise_multiplier", noise_multiplier, low=0.0)
+  iterations = _validate.integer("iterations", iterations, low=1)
+  step = dpa.GaussianDpEvent(noise_multiplier)
+  if sampling_prob < 1.0:
+    step = dpa.PoissonSampledDpEvent(sampling_prob, step)
+  return dpa.SelfComposedDpEvent(step, iterations)
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def check_distribution(distribution) -> None:
+  # Structural check: the K distributions live above this module.
+  if not (callable(getattr(distribution, "pmf", None)) and callable(getattr(distribution, "pgf", None))):
+    raise ValueError(f"distribution must be a jaxdp.accounting K distribution "
+                     f"(Poisson, TruncatedNegativeBinomial, ...), got {distribution!r}")
+
+
+def _check_part(name: str, value) -> None:
+  if not isinstance(value, dpa.DpEvent):
+    raise UnsupportedBaseError(
+        f"{name}: a base must be a dp_accounting.DpEvent (jaxdp's PureDp, Zcdp, RdpCurve, "
+        f"ApproxDp, ReportNoisyMax, RepeatAndSelect, ... are DpEvents), got {value!r}")
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class RepeatAndSelect(dpa.DpEvent):
   """Run `base` independently K ~ `distribution` times and release only the best run.
 
   "Best" is by any data-dependent score with a fixed tie-breaking rule; when
   K = 0 the tuner must release a fixed, data-independent default (e.g. "no
-  model"), never condition on K >= 1.
+  model"), never condition on K >= 1. The base's guarantee must hold for every
+  hyperparameter setting the run may draw (Koskela & Kulkarni, Lemma 1; see
+  `UniformCandidates` when candidates differ).
 
   Args:
-    base: one run's guarantee: a `dp_accounting.DpEvent` that dp-accounting's
-      RDP accountant supports, `PureDp`, `Zcdp`, `RdpCurve`, or another
-      `RepeatAndSelect`. The guarantee must hold for every hyperparameter
-      setting the run may draw (Koskela & Kulkarni, Lemma 1).
+    base: one run's event: any DpEvent (dp-accounting's or jaxdp's, including
+      another selection).
     distribution: the law of K, e.g. `Poisson(mean=10)`.
 
   Example:
@@ -39,47 +252,150 @@ class RepeatAndSelect:
     2.1537
   """
 
-  base: Any
-  distribution: dist_lib.KDistribution
+  base: dpa.DpEvent
+  distribution: Any
 
-  def __post_init__(self):
-    check_base(self.base)
-    dist_lib._check_dist(self.distribution)  # pylint: disable=protected-access
+  def __attrs_post_init__(self):
+    _check_part("base", self.base)
+    check_distribution(self.distribution)
 
   def to_dp_event(self) -> dpa.DpEvent:
-    """The equivalent `dp_accounting` event, where dp-accounting has one.
+    """dp-accounting's own `RepeatAndSelectDpEvent`, where it has one.
 
     Raises:
-      ValueError: the base is not a DpEvent or K is not Poisson/truncated
-        negative binomial with mean >= 1 (dp-accounting's coverage).
+      ValueError: K is not Poisson (mean >= 1) or truncated negative binomial
+        with eta >= 0 (dp-accounting's coverage).
     """
-    d = self.distribution
+    shape = getattr(self.distribution, "dp_accounting_shape", None)
+    shape = shape() if callable(shape) else None
+    if shape is None:
+      raise ValueError(f"dp-accounting's RepeatAndSelectDpEvent cannot express {self.distribution!r} "
+                       "(it covers Poisson with mean >= 1 and truncated negative binomial with eta >= 0)")
     base = self.base.to_dp_event() if isinstance(self.base, RepeatAndSelect) else self.base
-    if not isinstance(base, dpa.DpEvent):
-      raise ValueError(f"base {self.base!r} has no dp-accounting DpEvent equivalent")
-    if isinstance(d, dist_lib.Poisson) and d.mean >= 1:
-      shape = math.inf
-    elif isinstance(d, dist_lib.TruncatedNegativeBinomial) and d.eta >= 0:
-      shape = d.eta
-    else:
-      raise ValueError(f"dp-accounting's RepeatAndSelectDpEvent cannot express {d!r} "
-                       "(it covers Poisson with mean >= 1 and eta >= 0)")
-    return dpa.dp_event.RepeatAndSelectDpEvent(base, d.mean, shape)
+    if not is_dp_accounting_only(base):
+      raise ValueError(f"base {self.base!r} has no dp-accounting equivalent (it contains a jaxdp event)")
+    return dpa.dp_event.RepeatAndSelectDpEvent(base, float(self.distribution.mean), shape)
 
 
-Base = Union[dpa.DpEvent, guarantees.PureDp, guarantees.Zcdp, guarantees.RdpCurve, RepeatAndSelect]
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class RandomStopping(dpa.DpEvent):
+  """Liu-Talwar Algorithm 2: run `base`, stop w.p. `stop_prob` after each run,
+  release the best run; `max_iterations` = hard stop T (None: no cap).
+
+  Repeat-and-select with K ~ Geometric(stop_prob) (min(Geometric, T) with a
+  cap), so every selection accountant applies; "liu-talwar" adds Thm 3.2 / 3.5
+  for pure bases.
+
+  Example:
+    >>> from jaxdp import accounting as acc
+    >>> ev = acc.RandomStopping(acc.PureDp(1.0), stop_prob=0.1)
+    >>> acc.epsilon(ev, 1e-6, method="liu-talwar") <= 3.0
+    True
+  """
+
+  base: dpa.DpEvent
+  stop_prob: float
+  max_iterations: Optional[int] = None
+
+  def __attrs_post_init__(self):
+    _check_part("base", self.base)
+    _set(self, "stop_prob", _validate.probability("stop_prob", self.stop_prob))
+    if self.max_iterations is not None:
+      _set(self, "max_iterations", _validate.integer("max_iterations", self.max_iterations, low=1))
 
 
-def check_base(base) -> None:
-  """Raises `UnsupportedBaseError` unless `base` can be accounted."""
-  from jaxdp.accounting import subsampled  # pylint: disable=g-import-not-at-top
-  if isinstance(base, (RepeatAndSelect, subsampled.UniformCandidates) + guarantees.PLAIN_GUARANTEES):
-    return
-  if isinstance(base, dpa.DpEvent):
-    if not dpa.rdp.RdpAccountant().supports(base):
-      raise guarantees.UnsupportedBaseError(
-          f"base={base!r}: dp-accounting's RdpAccountant cannot account this DpEvent")
-    return
-  raise guarantees.UnsupportedBaseError(
-      f"base must be a dp_accounting.DpEvent, PureDp, Zcdp, RdpCurve, UniformCandidates or "
-      f"RepeatAndSelect, got {base!r}")
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class ThresholdSelect(dpa.DpEvent):
+  """Liu-Talwar Algorithm 1: call `base` until its score reaches a known
+  threshold; after each miss stop with probability `stop_prob` (output BOT);
+  at most `max_iterations` calls (None: unbounded).
+
+  Args:
+    base: one call's event; the Liu-Talwar theorems need it to be pure DP.
+    stop_prob: gamma in (0, 1].
+    max_iterations: T >= 1 or None.
+
+  Example:
+    >>> from jaxdp import accounting as acc
+    >>> round(acc.epsilon(acc.ThresholdSelect(acc.PureDp(0.5), 0.1), 1e-6), 4)
+    1.0
+  """
+
+  base: dpa.DpEvent
+  stop_prob: float
+  max_iterations: Optional[int] = None
+
+  def __attrs_post_init__(self):
+    _check_part("base", self.base)
+    _set(self, "stop_prob", _validate.probability("stop_prob", self.stop_prob, one_ok=True))
+    if self.max_iterations is not None:
+      _set(self, "max_iterations", _validate.integer("max_iterations", self.max_iterations, low=1))
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class UniformCandidates(dpa.DpEvent):
+  """One run of a candidate drawn at random from candidates with different guarantees.
+
+  Its RDP (and privacy profile) is at most the pointwise worst candidate's
+  (joint convexity; Koskela & Kulkarni Lemma 1, KRW Cor 6.2), so it is the
+  base of `RepeatAndSelect` when hyperparameters change a run's privacy
+  (sampling rate, epochs, sigma).
+
+  Args:
+    candidates: non-empty sequence of DpEvents.
+  """
+
+  candidates: Sequence[dpa.DpEvent]
+
+  def __attrs_post_init__(self):
+    cands = () if isinstance(self.candidates, (str, bytes)) else tuple(self.candidates)
+    if not cands:
+      raise ValueError(f"candidates must be a non-empty sequence of DpEvents, got {self.candidates!r}")
+    for i, c in enumerate(cands):
+      _check_part(f"candidates[{i}]", c)
+    _set(self, "candidates", cands)
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class SubsampledTuning(dpa.DpEvent):
+  """Koskela-Kulkarni tuning on a Poisson subset, then one final training run.
+
+  Args:
+    tune: the private search run on the subset, a `RepeatAndSelect` (the paper
+      uses K ~ Poisson). Its base is one candidate's event *on the subset*.
+    final: the final training run's event.
+    q: subset sampling rate in (0, 1).
+    variant: 1 (final run on X \\ X1, KK Thm 1) or 2 (final run on X; Zhu-Wang
+      + composition).
+  """
+
+  tune: RepeatAndSelect
+  final: dpa.DpEvent
+  q: float
+  variant: int = 1
+
+  def __attrs_post_init__(self):
+    if not isinstance(self.tune, RepeatAndSelect):
+      raise ValueError(f"tune must be a RepeatAndSelect event, got {self.tune!r}")
+    _check_part("final", self.final)
+    _set(self, "q", _validate.probability("q", self.q))
+    if self.variant not in (1, 2) or isinstance(self.variant, bool):
+      raise ValueError(f"variant must be 1 or 2, got {self.variant!r}")
+
+
+def is_dp_accounting_only(event) -> bool:
+  """True if `event` is built from dp-accounting's own events alone (no jaxdp event inside)."""
+  if isinstance(event, dpa.dp_event.RepeatAndSelectDpEvent):
+    return is_dp_accounting_only(event.event)
+  if isinstance(event, dpa.ComposedDpEvent):
+    return all(is_dp_accounting_only(e) for e in event.events)
+  if isinstance(event, (dpa.SelfComposedDpEvent, dpa.PoissonSampledDpEvent,
+                        dpa.SampledWithoutReplacementDpEvent)):
+    return is_dp_accounting_only(event.event)
+  return isinstance(event, dpa.DpEvent) and type(event).__module__.startswith("dp_accounting")
+
+
+#: jaxdp's one-run guarantees that carry their own formulas.
+PLAIN_GUARANTEES = (PureDp, Zcdp, RdpCurve, ApproxDp, ReportNoisyMax)
+#: jaxdp's selection events (each releases one of several runs).
+SELECTIONS = (RepeatAndSelect, RandomStopping, ThresholdSelect, SubsampledTuning)

@@ -1,24 +1,25 @@
-"""Inverse accounting problems: how many candidates fit a budget, and how much
-noise a tuned DP-SGD run needs.
+"""Inverse accounting: how many candidates fit a budget, how much noise a tuned
+DP-SGD run needs, and a planning table.
 
-Both are bisections on a quantity assumed monotone (epsilon grows with E[K] and
-shrinks with sigma). The returned value is always one whose epsilon was
-computed and found within the target, so even where the bounds are not exactly
-monotone (numerical eps1 search, discretised PLDs) the answer errs on the
-private side; only its optimality is approximate (relative tolerance `rtol`).
+Every search goes through `dp_accounting.calibrate_dp_mechanism` (Brent's
+method; the returned parameter is one whose epsilon was computed and found
+within the target), on the log of the parameter: the answer always errs on the
+private side, and only its optimality is approximate (relative `rtol`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from typing import Callable, Optional, Sequence, Union
 
 import dp_accounting as dpa
 
 from jaxdp import _validate
-from jaxdp.accounting import accountant
+from jaxdp.accounting import api
 from jaxdp.accounting import distributions as dist_lib
-from jaxdp.accounting.events import RepeatAndSelect
+from jaxdp.accounting import events as ev
 
 Family = Union[str, Callable[[float], dist_lib.KDistribution]]
 
@@ -27,8 +28,10 @@ _FAMILIES = {
     "poisson": (lambda m: dist_lib.Poisson(mean=m), 0.0),
     "geometric": (lambda m: dist_lib.Geometric(mean=m), 1.0),
     "logarithmic": (lambda m: dist_lib.Logarithmic(mean=m), 1.0),
+    "tnb-0.5": (lambda m: dist_lib.TruncatedNegativeBinomial(0.5, mean=m), 1.0),
 }
 _MAX_MEAN = 1e9
+_SIGMA_MIN = 1e-3
 
 
 def _family(family: Family):
@@ -40,25 +43,71 @@ def _family(family: Family):
                    f"got {family!r}")
 
 
+def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float, target_delta: float, *,
+              low: float, high: float, start: float, increasing: bool, method: str = "best",
+              orders: Optional[Sequence[float]] = None, allow_refined: bool = False,
+              rtol: float = 1e-3, discrete: bool = False) -> Optional[float]:
+  """The x in [low, high] nearest the budget with epsilon(make_event(x)) <= target.
+
+  epsilon must be monotone in x (`increasing` says which way). Brackets by
+  doubling from `start` (so expensive accountants only see parameters near
+  the answer), then `calibrate_dp_mechanism` finishes: on log x with relative
+  tolerance `rtol`, or on the integers with `discrete=True`.
+
+  Returns:
+    x (an int if `discrete`), or None if no x in [low, high] meets the target.
+  """
+  make_acct = lambda: api.make_accountant(method, orders=orders, allow_refined=allow_refined)
+  if discrete:
+    to_x, from_x, tol = (lambda t: int(round(t))), (lambda x: float(x)), None
+  else:
+    to_x, from_x, tol = math.exp, math.log, math.log1p(rtol)
+  event_at = lambda t: make_event(to_x(t))
+  gap = lambda t: make_acct().compose(event_at(t)).get_epsilon(target_delta) - target_epsilon
+  lo_t, hi_t = from_x(low), from_x(high)
+  t = min(max(from_x(start), lo_t), hi_t)
+  g = gap(t)
+  # Walk away from the feasible side if feasible, towards it otherwise.
+  toward_infeasible = 1.0 if increasing else -1.0
+  direction = toward_infeasible if g <= 0 else -toward_infeasible
+  step = math.log(2.0) if not discrete else max(1.0, abs(t))
+  for _ in range(200):
+    t2 = min(max(t + direction * step, lo_t), hi_t)
+    if t2 == t:
+      break
+    g2 = gap(t2)
+    if (g2 <= 0) != (g <= 0):
+      lo, hi = sorted((t, t2))
+      root = dpa.mechanism_calibration.calibrate_dp_mechanism(
+          make_acct, event_at, target_epsilon, target_delta,
+          dpa.mechanism_calibration.ExplicitBracketInterval(lo, hi), discrete=discrete, tol=tol)
+      return to_x(root)
+    t, g = t2, g2
+    if discrete:
+      step *= 2.0
+  return to_x(t) if g <= 0 else None
+
+
 def max_mean(base, family: Family, epsilon: float, delta: float, method: str = "best", *,
              allow_refined: bool = False, orders: Optional[Sequence[float]] = None,
              rtol: float = 1e-3) -> float:
   """Largest E[K] such that repeat-and-select of `base` is (epsilon, delta)-DP.
 
   Args:
-    base: one run's guarantee (any base `RepeatAndSelect` accepts).
-    family: "poisson", "geometric", "logarithmic", or a callable mapping a
-      mean to a distribution, e.g. `lambda m: TruncatedNegativeBinomial(0.5, mean=m)`.
+    base: one run's event (any DpEvent).
+    family: "poisson", "geometric", "logarithmic", "tnb-0.5", or a callable
+      mapping a mean to a distribution, e.g.
+      `lambda m: TruncatedNegativeBinomial(0.5, mean=m)`.
     epsilon: target epsilon > 0.
     delta: target delta in (0, 1).
     method: accounting method (as for `epsilon`).
     allow_refined: let "best" use "profile-refined".
     orders: RDP orders.
-    rtol: relative tolerance on the mean: the answer m satisfies the target
-      and m (1 + rtol) was found not to (or the search stopped at 1e9).
+    rtol: relative tolerance on the mean.
 
   Returns:
-    The mean (a float, not rounded to the family's constraints).
+    The mean (a float, not rounded to the family's constraints); 1e9 if even
+    that meets the target.
 
   Raises:
     ValueError: bad arguments, or no admissible mean meets the target.
@@ -74,36 +123,16 @@ def max_mean(base, family: Family, epsilon: float, delta: float, method: str = "
   delta = _validate.probability("delta", delta)
   rtol = _validate.real("rtol", rtol, low=0.0, low_open=True, high=1.0)
   make, floor = _family(family)
-
-  def eps_of(mean):
-    return accountant.epsilon(RepeatAndSelect(base, make(mean)), delta, method, orders,
-                              allow_refined=allow_refined)
-
-  # Smallest admissible mean to try: just above the family's floor.
-  lo = floor * (1.0 + 1e-6) if floor > 0 else 1e-6
-  eps_lo = eps_of(lo)
-  if eps_lo > epsilon:
-    raise ValueError(f"epsilon={epsilon!r} is too small: even mean={lo:.6g} needs "
+  low = floor * (1.0 + 1e-6) if floor > 0 else 1e-6
+  found = calibrate(lambda m: ev.RepeatAndSelect(base, make(m)), epsilon, delta, low=low,
+                    high=_MAX_MEAN, start=max(2.0, 2.0 * low), increasing=True, method=method, orders=orders,
+                    allow_refined=allow_refined, rtol=rtol)
+  if found is None:
+    eps_lo = api.epsilon(ev.RepeatAndSelect(base, make(low)), delta, method, orders,
+                         allow_refined=allow_refined)
+    raise ValueError(f"epsilon={epsilon!r} is too small: even mean={low:.6g} needs "
                      f"epsilon={eps_lo:.6g} at delta={delta!r} by method {method!r}")
-  hi = max(2.0 * lo, 2.0)
-  while eps_of(hi) <= epsilon:
-    lo, hi = hi, hi * 2.0
-    if lo >= _MAX_MEAN:
-      return lo
-  # Invariant: lo meets the target, hi does not. Bisect geometrically.
-  while hi / lo > 1.0 + rtol:
-    mid = math.sqrt(lo * hi) if lo > 0 else 0.5 * hi
-    if eps_of(mid) <= epsilon:
-      lo = mid
-    else:
-      hi = mid
-  return lo
-
-
-def dpsgd_event(sampling_prob: float, noise_multiplier: float, iterations: int) -> dpa.DpEvent:
-  """DP-SGD: `iterations` steps of the Poisson-subsampled Gaussian (add/remove-one)."""
-  return dpa.SelfComposedDpEvent(
-      dpa.PoissonSampledDpEvent(sampling_prob, dpa.GaussianDpEvent(noise_multiplier)), iterations)
+  return found
 
 
 def calibrate_noise(sampling_prob: float, iterations: int,
@@ -124,8 +153,7 @@ def calibrate_noise(sampling_prob: float, iterations: int,
     epsilon: target epsilon > 0.
     delta: target delta in (0, 1).
     method, allow_refined, orders: as for `epsilon`.
-    rtol: relative tolerance: the answer sigma meets the target and
-      sigma / (1 + rtol) was found not to.
+    rtol: relative tolerance on sigma.
     sigma_max: give up above this noise multiplier.
 
   Returns:
@@ -139,69 +167,125 @@ def calibrate_noise(sampling_prob: float, iterations: int,
   epsilon = _validate.real("epsilon", epsilon, low=0.0, low_open=True)
   delta = _validate.probability("delta", delta)
   rtol = _validate.real("rtol", rtol, low=0.0, low_open=True, high=1.0)
-  sigma_max = _validate.real("sigma_max", sigma_max, low=0.0, low_open=True)
+  sigma_max = _validate.real("sigma_max", sigma_max, low=_SIGMA_MIN, low_open=True)
   if distribution is not None:
-    dist_lib._check_dist(distribution)  # pylint: disable=protected-access
+    ev.check_distribution(distribution)
 
-  def eps_of(sigma, how):
-    ev = dpsgd_event(sampling_prob, sigma, iterations)
-    if distribution is not None:
-      ev = RepeatAndSelect(ev, distribution)
-    return accountant.epsilon(ev, delta, how, orders, allow_refined=allow_refined)
+  def make(sigma):
+    run = ev.dpsgd_event(sampling_prob, sigma, iterations)
+    return run if distribution is None else ev.RepeatAndSelect(run, distribution)
 
-  # Seed the bracket with the RDP answer (cheap); profile answers are usually a bit below it.
+  return noise_for(make, epsilon, delta, method=method, orders=orders, allow_refined=allow_refined,
+                   rtol=rtol, sigma_max=sigma_max)
+
+
+def noise_for(make_event: Callable[[float], dpa.DpEvent], epsilon: float, delta: float, *,
+              method: str = "best", orders=None, allow_refined: bool = False, rtol: float = 1e-3,
+              sigma_max: float = 1e3, where: str = "") -> float:
+  """Smallest sigma in [1e-3, sigma_max] with epsilon(make_event(sigma)) <= target.
+
+  Seeded by the RDP answer, which is cheap and (nearly always) an upper
+  bound of the others', so expensive accountants only see nearby sigmas.
+  """
   seed = 1.0
   if method != "rdp":
-    try:
-      seed = _bisect_sigma(lambda s: eps_of(s, "rdp"), epsilon, 1.0, sigma_max, 0.05)
-    except ValueError:
-      seed = 1.0
-  return _bisect_sigma(lambda s: eps_of(s, method), epsilon, seed, sigma_max, rtol)
+    rough = calibrate(make_event, epsilon, delta, low=_SIGMA_MIN, high=sigma_max, start=1.0,
+                      increasing=False, method="rdp", orders=orders, rtol=0.05)
+    seed = rough if rough is not None else sigma_max
+  found = calibrate(make_event, epsilon, delta, low=_SIGMA_MIN, high=sigma_max, start=seed,
+                    increasing=False, method=method, orders=orders, allow_refined=allow_refined, rtol=rtol)
+  if found is None:
+    raise ValueError(f"epsilon={epsilon!r} is out of reach{where}: even noise_multiplier="
+                     f"{sigma_max!r} does not meet it at delta={delta!r}; raise sigma_max or the "
+                     "target, or train for fewer steps")
+  return found
 
 
-def _bisect_sigma(eps_fn, target, seed, sigma_max, rtol):
-  """Smallest sigma (within rtol, feasible side) with eps_fn(sigma) <= target.
+# ----------------------------------------------------------------------------- planning
 
-  Bracket from `seed`, then false position on (log sigma, log eps) safeguarded
-  by bisection: each step keeps hi feasible and lo infeasible.
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+  """One family of K: the most candidates the budget affords."""
+
+  family: str
+  max_mean: Optional[float]      # largest E[K] (largest k for "fixed"); None if even the smallest fails
+  prob_zero: Optional[float]     # P[K = 0]: the search releases nothing
+  expected_quantile: Optional[float]  # E[K/(K+1)]: expected quantile of the released run's score
+  epsilon: Optional[float]       # the epsilon at that mean (<= the budget)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """`plan`'s answer: per family of K, how many candidates fit (epsilon, delta)."""
+
+  base: str
+  epsilon: float
+  delta: float
+  method: str
+  single_run_epsilon: float
+  rows: tuple
+
+  def to_dict(self) -> dict:
+    return {"base": self.base, "epsilon": self.epsilon, "delta": self.delta, "method": self.method,
+            "single_run_epsilon": self.single_run_epsilon,
+            "families": [dataclasses.asdict(r) for r in self.rows]}
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2)
+
+  def __str__(self) -> str:
+    fmt = lambda v, f: "-" if v is None else format(v, f)
+    lines = [f"Budget (epsilon={self.epsilon:g}, delta={self.delta:g}) by method {self.method!r} for",
+             f"  one run: {self.base} (epsilon {self.single_run_epsilon:.4f} alone)", "",
+             f"{'K family':<12} {'max E[K]':>10} {'P(K=0)':>8} {'E[quantile]':>12} {'epsilon':>9}"]
+    for r in self.rows:
+      lines.append(f"{r.family:<12} {fmt(r.max_mean, '10.4g'):>10} {fmt(r.prob_zero, '8.2g'):>8} "
+                   f"{fmt(r.expected_quantile, '12.4f'):>12} {fmt(r.epsilon, '9.4f'):>9}")
+    lines += ["", "E[quantile]: the released run's expected quantile among all candidates' scores "
+                  "(Papernot & Steinke Sec. 3.6); higher means a better chance of a good one."]
+    return "\n".join(lines)
+
+
+PLAN_FAMILIES = ("poisson", "geometric", "logarithmic", "tnb-0.5", "fixed")
+
+
+def plan(base, epsilon: float, delta: float, method: str = "best", *,
+         allow_refined: bool = False, rtol: float = 1e-2) -> Plan:
+  """Which distribution of K, and how many candidates, a budget affords.
+
+  For each family (Poisson, geometric, logarithmic, TNB eta = 0.5, fixed K):
+  the largest E[K] with the whole search (epsilon, delta)-DP, P[K = 0] and the
+  expected quantile of the released run.
+
+  Example:
+    >>> import dp_accounting as dpa
+    >>> from jaxdp import accounting as acc
+    >>> p = acc.plan(dpa.GaussianDpEvent(4.0), epsilon=2.0, delta=1e-5)
+    >>> [r.family for r in p.rows]
+    ['poisson', 'geometric', 'logarithmic', 'tnb-0.5', 'fixed']
   """
-  hi, e_hi = seed, eps_fn(seed)
-  while e_hi > target:
-    hi *= 1.25
-    if hi > sigma_max:
-      raise ValueError(f"epsilon={target!r} is out of reach: even noise_multiplier={sigma_max!r} "
-                       "does not meet it")
-    e_hi = eps_fn(hi)
-  lo, e_lo = hi / 1.25, eps_fn(hi / 1.25)
-  while e_lo <= target:
-    hi, e_hi = lo, e_lo
-    lo = lo / 1.25
-    if lo < 1e-6:
-      return hi
-    e_lo = eps_fn(lo)
-  step = 0
-  while hi / lo > 1.0 + rtol:
-    llo, lhi = math.log(lo), math.log(hi)
-    mid = 0.5 * (llo + lhi)
-    if step % 2 == 0 and math.isfinite(e_lo) and e_hi > 0:
-      # Interpolate log eps linearly in log sigma, aiming just inside the feasible side.
-      a, b, t = math.log(e_lo), math.log(e_hi), math.log(target) - 0.25 * rtol
-      if a > b:
-        mid = llo + (a - t) / (a - b) * (lhi - llo)
-    margin = 0.25 * math.log1p(rtol)
-    mid = math.exp(min(max(mid, llo + margin), lhi - margin))
-    e_mid = eps_fn(mid)
-    if e_mid <= target:
-      hi, e_hi = mid, e_mid
+  epsilon = _validate.real("epsilon", epsilon, low=0.0, low_open=True)
+  delta = _validate.probability("delta", delta)
+  single = api.epsilon(base, delta, method, allow_refined=allow_refined)
+  rows = []
+  for family in PLAN_FAMILIES:
+    if family == "fixed":
+      k = calibrate(lambda k: ev.RepeatAndSelect(base, dist_lib.Fixed(k)), epsilon, delta, low=1,
+                    high=100000, start=2, increasing=True, method=method, allow_refined=allow_refined,
+                    discrete=True)
+      dist = None if k is None else dist_lib.Fixed(k)
+      mean = k
     else:
-      lo, e_lo = mid, e_mid
-    step += 1
-  return hi
-  # Invariant: hi meets the target, lo does not.
-  while hi / lo > 1.0 + rtol:
-    mid = math.sqrt(lo * hi)
-    if eps_of(mid) <= epsilon:
-      hi = mid
-    else:
-      lo = mid
-  return hi
+      try:
+        mean = max_mean(base, family, epsilon, delta, method, allow_refined=allow_refined, rtol=rtol)
+      except ValueError:
+        mean = None
+      dist = None if mean is None else _FAMILIES[family][0](mean)
+    if dist is None:
+      rows.append(PlanRow(family, None, None, None, None))
+      continue
+    eps = api.epsilon(ev.RepeatAndSelect(base, dist), delta, method, allow_refined=allow_refined)
+    rows.append(PlanRow(family, float(mean), float(dist.prob_zero),
+                        float(dist_lib.expected_quantile(dist)), eps))
+  return Plan(api.describe(base), epsilon, delta, method, single, tuple(rows))

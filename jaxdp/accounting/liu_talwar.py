@@ -33,183 +33,19 @@ Thm 5.2) when there is no cap.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Optional
+from typing import Optional
 
 import dp_accounting as dpa
 import numpy as np
 
-from jaxdp import _validate
+from jaxdp.accounting import base
 from jaxdp.accounting import distributions as dist_lib
-from jaxdp.accounting import guarantees as g_lib
+from jaxdp.accounting import events as ev
 from jaxdp.accounting import profiles as prof_lib
-from jaxdp.accounting.events import RepeatAndSelect, check_base
-from jaxdp.accounting.profile_selection import ProfileGuarantee
+from jaxdp.accounting import rdp_accountant
 
-
-class CappedGeometric(dist_lib.KDistribution):
-  """K = min(G, max_k), G ~ Geometric(stop_prob) on {1, 2, ...}: Liu-Talwar's hard stop.
-
-  P[K = k] = gamma (1-gamma)^(k-1) for k < max_k, P[K = max_k] = (1-gamma)^(max_k-1).
-  """
-
-  def __init__(self, stop_prob: float, max_k: int):
-    self._gamma = _validate.probability("stop_prob", stop_prob)
-    self.max_k = _validate.integer("max_k", max_k, low=1)
-
-  gamma = property(lambda self: self._gamma)
-
-  @property
-  def mean(self) -> float:
-    # E[min(G, T)] = sum_{k<T} P[G > k] = (1 - (1-gamma)^T) / gamma.
-    return -math.expm1(self.max_k * math.log1p(-self._gamma)) / self._gamma
-
-  def __repr__(self):
-    return f"CappedGeometric(stop_prob={self._gamma!r}, max_k={self.max_k!r})"
-
-  def __eq__(self, other):
-    return type(other) is CappedGeometric and (other._gamma, other.max_k) == (self._gamma, self.max_k)
-
-  def __hash__(self):
-    return hash(("CappedGeometric", self._gamma, self.max_k))
-
-  def logpmf(self, k):
-    k = np.asarray(k, dtype=np.float64)
-    g, t = self._gamma, self.max_k
-    with np.errstate(divide="ignore", invalid="ignore"):
-      body = math.log(g) + (k - 1) * math.log1p(-g)
-      cap = (t - 1) * math.log1p(-g)
-    out = np.where(k == t, cap, body)
-    return np.where((k >= 1) & (k <= t) & (k == np.floor(k)), out, -np.inf)
-
-  def pgf(self, x):
-    x = np.asarray(x, dtype=np.float64)
-    g, t = self._gamma, self.max_k
-    r = (1.0 - g) * x
-    # sum_{k<T} g (1-g)^(k-1) x^k = g x (1 - r^(T-1)) / (1 - r), plus the cap atom x r^(T-1).
-    with np.errstate(divide="ignore", invalid="ignore"):
-      head = np.where(r == 1.0, g * x * (t - 1), g * x * -np.expm1((t - 1) * np.log(r)) / (1.0 - r))
-    return head + x * r ** (t - 1)
-
-  def pgf_derivative(self, x):
-    x = np.asarray(x, dtype=np.float64)
-    g, t = self._gamma, self.max_k
-    if t <= 4096:  # direct sum: exact to rounding
-      ks = np.arange(1, t + 1, dtype=np.float64)
-      probs = np.exp(self.logpmf(ks))
-      xx = np.atleast_1d(x)[..., None]
-      with np.errstate(divide="ignore", invalid="ignore"):
-        powers = np.where(ks == 1, 1.0, xx ** (ks - 1))
-      out = np.sum(ks * probs * powers, axis=-1)
-      return out.reshape(np.shape(x))
-    r = (1.0 - g) * x
-    # g sum_{k<T} k r^(k-1) = g (1 - T r^(T-1) + (T-1) r^T) / (1-r)^2, plus T r^(T-1).
-    return g * (1.0 - t * r ** (t - 1) + (t - 1) * r ** t) / (1.0 - r) ** 2 + t * r ** (t - 1)
-
-  def sample(self, rng, size=None):
-    draw = dist_lib._as_generator(rng).geometric(self._gamma, size=size)  # pylint: disable=protected-access
-    return np.minimum(draw, self.max_k)
-
-
-@dataclasses.dataclass(frozen=True, init=False)
-class RandomStopping(RepeatAndSelect):
-  """Liu-Talwar Algorithm 2: run `base`, stop w.p. `stop_prob` after each run,
-  release the best run; `max_iterations` = hard stop T (None: no cap).
-
-  A `RepeatAndSelect` with K ~ Geometric(stop_prob) (or min(Geometric, T)), so
-  "rdp" and "profile" also apply; "liu-talwar" adds Thm 3.2 / 3.5 for pure bases.
-
-  Example:
-    >>> from jaxdp import accounting as acc
-    >>> ev = acc.RandomStopping(acc.PureDp(1.0), stop_prob=0.1)
-    >>> acc.epsilon(ev, 1e-6, method="liu-talwar") <= 3.0
-    True
-  """
-
-  stop_prob: float
-  max_iterations: Optional[int]
-
-  def __init__(self, base: Any, stop_prob: float, max_iterations: Optional[int] = None):
-    stop_prob = _validate.probability("stop_prob", stop_prob)
-    if max_iterations is not None:
-      max_iterations = _validate.integer("max_iterations", max_iterations, low=1)
-    dist = (dist_lib.Geometric(gamma=stop_prob) if max_iterations is None
-            else CappedGeometric(stop_prob, max_iterations))
-    object.__setattr__(self, "base", base)
-    object.__setattr__(self, "distribution", dist)
-    object.__setattr__(self, "stop_prob", stop_prob)
-    object.__setattr__(self, "max_iterations", max_iterations)
-    self.__post_init__()
-
-
-@dataclasses.dataclass(frozen=True)
-class ThresholdSelect:
-  """Liu-Talwar Algorithm 1: call `base` until its score reaches a known
-  threshold; after each miss stop with probability `stop_prob` (output BOT);
-  at most `max_iterations` calls (None: unbounded).
-
-  Args:
-    base: one call's guarantee (as for `RepeatAndSelect`); the accounting
-      needs it to be pure DP.
-    stop_prob: gamma in (0, 1].
-    max_iterations: T >= 1 or None.
-
-  Example:
-    >>> from jaxdp import accounting as acc
-    >>> round(acc.epsilon(acc.ThresholdSelect(acc.PureDp(0.5), 0.1), 1e-6), 4)
-    1.0
-  """
-
-  base: Any
-  stop_prob: float
-  max_iterations: Optional[int] = None
-
-  def __post_init__(self):
-    check_base(self.base)
-    object.__setattr__(self, "stop_prob",
-                       _validate.probability("stop_prob", self.stop_prob, one_ok=True))
-    if self.max_iterations is not None:
-      object.__setattr__(self, "max_iterations",
-                         _validate.integer("max_iterations", self.max_iterations, low=1))
-
-
-def pure_epsilon(base, orders: Optional[np.ndarray] = None) -> Optional[float]:
-  """A pure-DP epsilon of `base`, or None if it has none we can prove."""
-  if isinstance(base, g_lib.PureDp):
-    return base.epsilon
-  if isinstance(base, g_lib.ApproxDp):
-    return base.epsilon if base.delta == 0 else None
-  if isinstance(base, dpa.LaplaceDpEvent):
-    return math.inf if base.noise_multiplier == 0 else 1.0 / base.noise_multiplier
-  if isinstance(base, dpa.NoOpDpEvent):
-    return 0.0
-  from jaxdp.accounting import subsampled  # pylint: disable=g-import-not-at-top
-  if isinstance(base, subsampled.UniformCandidates):
-    parts = [pure_epsilon(c, orders) for c in base.candidates]
-    return None if any(p is None for p in parts) else max(parts)
-  if isinstance(base, dpa.SelfComposedDpEvent):
-    inner = pure_epsilon(base.event)
-    return None if inner is None else base.count * inner
-  if isinstance(base, dpa.ComposedDpEvent):
-    parts = [pure_epsilon(e) for e in base.events]
-    return None if any(p is None for p in parts) else float(sum(parts))
-  if isinstance(base, RepeatAndSelect):
-    from jaxdp.accounting import accountant  # pylint: disable=g-import-not-at-top
-    orders = g_lib.check_orders(None) if orders is None else orders
-    candidates = []
-    for method in ("rdp", "liu-talwar"):
-      try:
-        gu = accountant._guarantee(base, orders, method)  # pylint: disable=protected-access
-      except ValueError:
-        continue
-      pure = getattr(gu, "pure_epsilon", None)
-      if pure is None and isinstance(gu, ProfileGuarantee):
-        pure = gu.profile.pure_epsilon
-      if pure is not None:
-        candidates.append(pure)
-    return min(candidates) if candidates else None
-  return None
+_Details = base.CompositionErrorDetails
 
 
 _N_CELLS = 4000
@@ -245,39 +81,116 @@ def pure_selection_epsilon(eps: float, dist: dist_lib.KDistribution) -> float:
   return eps + max(0.0, float(np.max(cells)))
 
 
-def liu_talwar_method(event, orders: np.ndarray) -> ProfileGuarantee:
-  """Accountant method "liu-talwar" (pure-DP guarantees; see the module docstring)."""
-  if isinstance(event, ThresholdSelect):
-    eps1 = pure_epsilon(event.base, orders)
-    if eps1 is None:
-      raise prof_lib.not_applicable(
-          "Liu-Talwar Thm 3.1 for an (eps, delta)-DP base: delta' is not recoverable "
-          "from the paper; needs a pure-DP base")
-    gamma, t = event.stop_prob, event.max_iterations
-    if t is None:
-      eps, theorem = 2.0 * eps1, "LT Thm 3.1(b), T = inf: 2 eps1"
-    else:
+class LiuTalwarAccountant(base.Accountant):
+  """Method "liu-talwar": pure-DP bounds for threshold and random-stopping selection.
+
+  Parts compose by adding their pure epsilons, so every part must be pure DP:
+  `ThresholdSelect`, `RandomStopping` / `RepeatAndSelect` with a (capped)
+  geometric K over a pure base, `PureDp`, `ApproxDp` with delta = 0,
+  dp-accounting's Laplace and no-op events.
+
+  Example:
+    >>> from jaxdp import accounting as acc
+    >>> acct = acc.LiuTalwarAccountant().compose(acc.ThresholdSelect(acc.PureDp(0.5), 0.1))
+    >>> round(acct.get_epsilon(1e-6), 4)
+    1.0
+  """
+
+  method = "liu-talwar"
+
+  def __init__(self):
+    super().__init__()
+    self._pure = 0.0
+    self._theorems: list = []
+
+  @property
+  def pure_epsilon(self) -> float:
+    return self._pure
+
+  @property
+  def theorem(self) -> str:
+    return " + ".join(dict.fromkeys(self._theorems)) or "nothing composed"
+
+  def get_epsilon(self, target_delta: float) -> float:
+    return float(prof_lib.PureDpProfile(self._pure).epsilon(target_delta))
+
+  def get_delta(self, target_epsilon: float) -> float:
+    return float(prof_lib.PureDpProfile(self._pure).delta(target_epsilon))
+
+  def _maybe_compose(self, event, count, do_compose) -> Optional[_Details]:
+    if isinstance(event, dpa.NoOpDpEvent):
+      return None
+    if isinstance(event, dpa.ComposedDpEvent):
+      for e in event.events:
+        err = self._maybe_compose(e, count, do_compose)
+        if err is not None:
+          return err
+      return None
+    if isinstance(event, dpa.SelfComposedDpEvent):
+      return self._maybe_compose(event.event, count * event.count, do_compose)
+    found = self._bound(event)
+    if isinstance(found, _Details):
+      return found
+    if do_compose:
+      eps, theorem = found
+      self._pure += count * eps
+      self._theorems.append(theorem)
+    return None
+
+  def _base_pure(self, base) -> Optional[float]:
+    """The smallest pure epsilon of `base` this accountant or the RDP one proves."""
+    found = []
+    sub = LiuTalwarAccountant()
+    if sub.supports(base):
+      found.append(sub.compose(base).pure_epsilon)
+    rdp = rdp_accountant.RdpSelectionAccountant()
+    if rdp.supports(base):
+      pure = rdp.compose(base).pure_epsilon
+      if pure is not None:
+        found.append(pure)
+    return min(found) if found else None
+
+  def _bound(self, event):
+    """(pure epsilon, theorem) of one part, or why not."""
+    if isinstance(event, ev.PureDp) or (isinstance(event, ev.ApproxDp) and event.delta == 0.0):
+      return event.epsilon, "single run"
+    if isinstance(event, dpa.LaplaceDpEvent) and event.noise_multiplier > 0:
+      return 1.0 / event.noise_multiplier, "single run"
+    if isinstance(event, ev.UniformCandidates):
+      parts = [self._base_pure(c) for c in event.candidates]
+      if any(p is None for p in parts):
+        return _Details(event, "a candidate has no pure-DP guarantee")
+      return max(parts), "candidates drawn at random"
+    if isinstance(event, ev.ThresholdSelect):
+      eps1 = self._base_pure(event.base)
+      if eps1 is None:
+        return _Details(event, "Liu-Talwar Thm 3.1 for an (eps, delta)-DP base: delta' is not "
+                               "recoverable from the paper; needs a pure-DP base")
+      gamma, t = event.stop_prob, event.max_iterations
+      if t is None:
+        return 2.0 * eps1, "LT Thm 3.1(b), T = inf: 2 eps1"
       eps, theorem = t * eps1, "composition of T calls"
       if t >= 1.0 + 1.0 / (math.e * gamma):
         lt = 2.0 * eps1 + 2.0 * math.exp(-gamma * t)
         if lt < eps:
           eps, theorem = lt, "LT Thm 3.1(b): 2 eps1 + 2 exp(-gamma T)"
-    return ProfileGuarantee(prof_lib.PureDpProfile(eps), theorem)
-  if not isinstance(event, RepeatAndSelect):
-    raise prof_lib.not_applicable("Liu-Talwar bounds cover ThresholdSelect and random stopping")
-  dist = event.distribution
-  is_geom = isinstance(dist, dist_lib.TruncatedNegativeBinomial) and dist.eta == 1.0
-  if not (is_geom or isinstance(dist, CappedGeometric)):
-    raise prof_lib.not_applicable(f"Liu-Talwar random stopping needs a geometric K, got {dist!r}")
-  eps1 = pure_epsilon(event.base, orders)
-  if eps1 is None:
-    raise prof_lib.not_applicable(
-        "Liu-Talwar Thm 3.2 / 3.5 need a pure-DP base (Thm 3.4's (eps, delta) constants "
-        "are not recoverable); use method 'profile'")
-  eps = pure_selection_epsilon(eps1, dist)
-  theorem = "LT Thm 3.5 via PS Lemma 7, pure limit (numerical)"
-  if is_geom and 3.0 * eps1 <= eps:
-    eps, theorem = 3.0 * eps1, "LT Thm 3.2: 3 eps1"
-  elif is_geom:
-    theorem = "LT Thm 3.2 sharpened by PS Lemma 7, pure limit (numerical)"
-  return ProfileGuarantee(prof_lib.PureDpProfile(eps), theorem)
+      return eps, theorem
+    if isinstance(event, ev.RandomStopping):
+      event = rdp_accountant.as_repeat_and_select(event)
+    if isinstance(event, ev.RepeatAndSelect):
+      dist = event.distribution
+      is_geom = isinstance(dist, dist_lib.TruncatedNegativeBinomial) and dist.eta == 1.0
+      if not (is_geom or isinstance(dist, dist_lib.CappedGeometric)):
+        return _Details(event, f"Liu-Talwar random stopping needs a geometric K, got {dist!r}")
+      eps1 = self._base_pure(event.base)
+      if eps1 is None:
+        return _Details(event, "Liu-Talwar Thm 3.2 / 3.5 need a pure-DP base (Thm 3.4's "
+                               "(eps, delta) constants are not recoverable); use method 'profile'")
+      eps = pure_selection_epsilon(eps1, dist)
+      theorem = "LT Thm 3.5 via PS Lemma 7, pure limit (numerical)"
+      if is_geom and 3.0 * eps1 <= eps:
+        eps, theorem = 3.0 * eps1, "LT Thm 3.2: 3 eps1"
+      elif is_geom:
+        theorem = "LT Thm 3.2 sharpened by PS Lemma 7, pure limit (numerical)"
+      return eps, theorem
+    return _Details(event, f"Liu-Talwar bounds need pure-DP parts; {type(event).__name__} has none")

@@ -325,16 +325,15 @@ class PldAccountant(base.Accountant):
     if self._selection is not None:
       return _Details(event, "this accountant already holds a random-K selection; the mixture bound "
                              "takes one K, so at most one random-K selection per accountant")
-    err = self._fresh()._maybe_compose(sel.base, 1, False)  # pylint: disable=protected-access
+    err = self._fresh().unsupported(sel.base)
     if err is not None:
       return err
     k_max = _terms_needed(dist, self._tail_tolerance, self._max_terms)
     if k_max is None:
-      need = _terms_needed(dist, self._tail_tolerance, max(10**6, 10 * self._max_terms))
-      need_text = f"{need}" if need is not None else "more than 10^6"
-      return _Details(event, f"K ~ {dist!r} needs {need_text} terms (k_max for P(K > k_max) <= "
-                             f"{self._tail_tolerance:g}) but max_terms={self._max_terms}; its tail is "
-                             "too heavy for a PLD mixture: use method 'rdp' or 'profile'")
+      # (Not computing how many terms it would need: that costs a long pmf per call.)
+      return _Details(event, f"K ~ {dist!r} needs more than max_terms={self._max_terms} terms "
+                             f"(k_max with P(K > k_max) <= {self._tail_tolerance:g}); its tail is too "
+                             "heavy for a PLD mixture: use method 'rdp' or 'profile'")
     if do_compose and count > 0:
       self._selection = (sel, k_max)
       self._curve_cache = None

@@ -54,57 +54,40 @@ Report Noisy Max (KRW Thm 3.2 / 3.3) is a base profile: see `profiles`.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Callable, Optional
 
 import numpy as np
 
 from jaxdp.accounting import distributions as dist_lib
-from jaxdp.accounting import guarantees as g_lib
 from jaxdp.accounting import profiles as prof_lib
-from jaxdp.accounting.events import RepeatAndSelect
+from jaxdp.accounting.events import NotApplicableError
 
 _GRID = 160
 _GOLDEN_ITERS = 40
-
-
-@dataclasses.dataclass(frozen=True)
-class ProfileGuarantee:
-  """The (eps, delta) curve a profile method gives for a whole mechanism.
-
-  Attributes:
-    profile: the mechanism's privacy-profile upper bound.
-    theorem: which result produced it, for reports.
-    eps1: the eps1 chosen by the selection bound (None for a single run).
-    shift: the additive c(eps1) of the selection bound (0 for a single run).
-  """
-
-  profile: prof_lib.PrivacyProfile
-  theorem: str
-  eps1: Optional[float] = None
-  shift: float = 0.0
-
-  def epsilon(self, delta: float) -> float:
-    return float(self.profile.epsilon(delta))
-
-  def delta(self, epsilon: float) -> float:
-    return float(self.profile.delta(epsilon))
 
 
 # ----------------------------------------------------------------------------
 # c(eps1) for each distribution.  Each takes (eps1 array, delta1 array) -> c array.
 # ----------------------------------------------------------------------------
 
-def tnb_shift(eps1, delta1, eta: float, gamma: float, refined: bool = False) -> np.ndarray:
-  """c(eps1) of KRW Thm 5.2 (refined: linear-fractional endpoint maximum)."""
+def tnb_shift(eps1, delta1, eta: float, gamma: float, refined: bool = False,
+              log_gamma: Optional[float] = None) -> np.ndarray:
+  """c(eps1) of KRW Thm 5.2 (refined: linear-fractional endpoint maximum).
+
+  In log space: gamma may underflow to 0 (TNB with eta near -1 and a large
+  mean), so `log_gamma` (default log(gamma)) carries it.
+  """
   eps1, delta1 = np.asarray(eps1, dtype=np.float64), np.asarray(delta1, dtype=np.float64)
-  ratio = (1.0 - gamma) / gamma
+  log_gamma = math.log(gamma) if log_gamma is None else float(log_gamma)
+  with np.errstate(divide="ignore"):
+    log_ratio_delta = math.log1p(-gamma) - log_gamma + np.log(delta1)  # log((1-gamma)/gamma delta1)
   if not refined:
-    inner = np.exp(eps1) + ratio * delta1
+    log_inner = np.logaddexp(eps1, log_ratio_delta)
   else:
-    inner = np.maximum(1.0 + ratio * delta1, gamma + (1.0 - gamma) * (np.exp(eps1) + delta1))
-  return (eta + 1.0) * np.log(inner)
+    log_inner = np.maximum(np.logaddexp(0.0, log_ratio_delta),
+                           np.log(gamma + (1.0 - gamma) * (np.exp(eps1) + delta1)))
+  return (eta + 1.0) * log_inner
 
 
 def poisson_shift(eps1, delta1, mean: float, refined: bool = False) -> np.ndarray:
@@ -201,30 +184,9 @@ def _pgf_mean(dist) -> float:
   return max(float(dist.mean), float(dist.pgf_derivative(1.0)))
 
 
-def selection_guarantee(event, orders: Optional[np.ndarray] = None, refined: bool = False,
-                        ) -> ProfileGuarantee:
-  """The KRW profile bound for `event` (a `RepeatAndSelect` or a single run).
-
-  Args:
-    event: `RepeatAndSelect` (possibly nested) or a single run's base.
-    orders: RDP orders, used only for bases known only by an RDP curve.
-    refined: use the tighter c(eps1) derived in this module's docstring.
-
-  Returns:
-    A `ProfileGuarantee`.
-
-  Raises:
-    NotApplicableError: K's law has no profile theorem (e.g. `Fixed`), or a
-      theorem's condition cannot be met.
-  """
-  if not isinstance(event, RepeatAndSelect):
-    prof = prof_lib.base_profile(event, orders)
-    return ProfileGuarantee(prof, f"single run: {prof.description}")
-  inner = selection_guarantee(event.base, orders, refined)
-  prof, theorem, e1, c = select(inner.profile, event.distribution, refined)
-  where = (f" on {inner.theorem}" if isinstance(event.base, RepeatAndSelect)
-           else f"; base: {inner.profile.description}")
-  return ProfileGuarantee(prof, theorem + where, e1, c)
+def has_theorem(dist) -> bool:
+  """Whether KRW give a profile bound for K ~ `dist` (TNB, Poisson, binomial)."""
+  return isinstance(dist, (dist_lib.TruncatedNegativeBinomial, dist_lib.Poisson, dist_lib.Binomial))
 
 
 def select(base: prof_lib.PrivacyProfile, dist: dist_lib.KDistribution, refined: bool = False,
@@ -242,10 +204,15 @@ def select(base: prof_lib.PrivacyProfile, dist: dist_lib.KDistribution, refined:
   tag = " (refined)" if refined else ""
   if isinstance(dist, dist_lib.TruncatedNegativeBinomial):
     eta, gamma = dist.eta, dist.gamma
-    shift_fn = lambda e, d: tnb_shift(e, d, eta, gamma, refined)
+    shift_fn = lambda e, d: tnb_shift(e, d, eta, gamma, refined, dist.log_gamma)
     c0 = float(shift_fn(np.array([0.0]), np.atleast_1d(base.delta(np.array([0.0]))))[0])
     # c(eps1) >= (eta+1) log(gamma + (1-gamma) e^eps1): beyond this eps1, c > c(0).
-    eps1_max = math.log(max((math.exp(c0 / (eta + 1.0)) - gamma) / (1.0 - gamma), 1.0))
+    # (Log space: c0 / (eta + 1) overflows exp for eta near -1.) A smaller search
+    # range can only miss the optimum, which loosens but never invalidates c.
+    x = c0 / (eta + 1.0)
+    eps1_max = (x - math.log1p(-gamma) if x > 700.0
+                else math.log(max((math.exp(x) - gamma) / (1.0 - gamma), 1.0)))
+    eps1_max = min(eps1_max, 60.0)
     c, e1 = minimise_shift(base, shift_fn, eps1_max)
     name = {1.0: "geometric", 0.0: "logarithmic"}.get(eta, f"eta={eta:g}")
     theorem = f"KRW Thm 5.2{tag} (TNB {name}, eps1={e1:.4g})"
@@ -261,7 +228,7 @@ def select(base: prof_lib.PrivacyProfile, dist: dist_lib.KDistribution, refined:
       c, e1 = 0.0, 0.0
     elif p == 1.0:
       if base.pure_epsilon is None:
-        raise prof_lib.not_applicable(
+        raise NotApplicableError(
             "KRW Thm 5.7 with p = 1 needs delta(eps1) = 0 for some eps1 (a pure-DP base)")
       e1 = base.pure_epsilon
       c = float(shift_fn(np.array([e1]), np.array([0.0]))[0])
@@ -273,47 +240,13 @@ def select(base: prof_lib.PrivacyProfile, dist: dist_lib.KDistribution, refined:
         if c2 < c:
           c, e1 = c2, e2
     if not math.isfinite(c):
-      raise prof_lib.not_applicable("KRW Thm 5.7: no eps1 satisfies eps1 >= log(1 + p/(1-p) delta(eps1))")
+      raise NotApplicableError("KRW Thm 5.7: no eps1 satisfies eps1 >= log(1 + p/(1-p) delta(eps1))")
     theorem = f"KRW Thm 5.7{tag} (binomial, eps1={e1:.4g})"
   else:
-    raise prof_lib.not_applicable(
+    raise NotApplicableError(
         f"no privacy-profile theorem for K ~ {dist!r} (KRW covers truncated negative "
         "binomial, Poisson and binomial)")
   return prof_lib.ScaledShiftedProfile(base, m, c, theorem), theorem, e1, c
-
-
-def rdp_not_applicable(event) -> Optional[str]:
-  """Why the RDP-based methods cannot account `event`, or None if they can."""
-  if isinstance(event, RepeatAndSelect):
-    return rdp_not_applicable(event.base)
-  if isinstance(event, g_lib.ApproxDp) and event.delta > 0:
-    return "an (eps, delta)-DP guarantee with delta > 0 bounds no Renyi divergence"
-  from jaxdp.accounting import liu_talwar  # pylint: disable=g-import-not-at-top
-  if isinstance(event, liu_talwar.ThresholdSelect):
-    return rdp_not_applicable(event.base)  # "rdp" itself refuses it in the accountant
-  return None
-
-
-def profile_method(event, orders: np.ndarray) -> ProfileGuarantee:
-  """Accountant method "profile": KRW bounds as printed (reconstructed)."""
-  _check_profile_applicable(event)
-  return selection_guarantee(event, orders, refined=False)
-
-
-def profile_refined_method(event, orders: np.ndarray) -> ProfileGuarantee:
-  """Accountant method "profile-refined": KRW bounds with the refined c(eps1)."""
-  _check_profile_applicable(event)
-  return selection_guarantee(event, orders, refined=True)
-
-
-def _check_profile_applicable(event):
-  from jaxdp.accounting import liu_talwar, subsampled  # pylint: disable=g-import-not-at-top
-  if isinstance(event, liu_talwar.ThresholdSelect):
-    raise prof_lib.not_applicable("KRW bounds cover repeat-and-select, not Liu-Talwar's threshold "
-                                  "algorithm; see method 'liu-talwar'")
-  if isinstance(event, subsampled.SubsampledTuning):
-    raise prof_lib.not_applicable("no privacy-profile theorem for tuning on a subset; "
-                                  "Koskela-Kulkarni's bounds are RDP (method 'rdp')")
 
 
 def corollary_6_2(eps1: float, delta1: float, eps_hat: float, dist: dist_lib.TruncatedNegativeBinomial,
@@ -324,5 +257,6 @@ def corollary_6_2(eps1: float, delta1: float, eps_hat: float, dist: dist_lib.Tru
   Used when candidates' guarantees differ (e.g. tuning sigma): each candidate
   must meet both thresholds; see `profiles.MaxProfile` for the profile version.
   """
-  c = float(tnb_shift(np.array([eps1]), np.array([delta1]), dist.eta, dist.gamma, refined)[0])
+  c = float(tnb_shift(np.array([eps1]), np.array([delta1]), dist.eta, dist.gamma, refined,
+                      dist.log_gamma)[0])
   return eps_hat + c

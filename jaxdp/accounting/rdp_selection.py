@@ -33,7 +33,7 @@ def theorem2(orders: np.ndarray, rdp: np.ndarray, dist: dist_lib.TruncatedNegati
   only helps for very weak bases; it is left out to stay identical to
   dp-accounting, and `method="composition"` covers that regime.)
   """
-  eta, log_inv_gamma = dist.eta, -math.log(dist.gamma)
+  eta, log_inv_gamma = dist.eta, -dist.log_gamma
   with np.errstate(invalid="ignore"):
     terms = (1.0 - 1.0 / orders) * rdp + log_inv_gamma / orders
   c = (1.0 + eta) * float(np.nanmin(terms))
@@ -48,7 +48,7 @@ def corollary4(orders: np.ndarray, rho: float, dist: dist_lib.TruncatedNegativeB
   eps'(l) = c + rho + 2 sqrt(rho L) for l <= 1 + sqrt(L/rho), else c + rho l + L/(l-1).
   For rho <= log(1/gamma) this is exactly the printed corollary.
   """
-  log_inv_gamma, big_l = -math.log(dist.gamma), math.log(dist.mean)
+  log_inv_gamma, big_l = -dist.log_gamma, math.log(dist.mean)
   if rho == 0.0:  # Q(x) = Q(x'), hence A(x) = A(x'): every divergence is 0.
     return np.zeros_like(orders)
   lam_hat = max(1.0, math.sqrt(log_inv_gamma / rho))

@@ -11,9 +11,8 @@ binomial sums over the order.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 from scipy import special
@@ -116,60 +115,6 @@ def variant1(tune_fn, base_fn, q: float, orders: np.ndarray) -> np.ndarray:
 def variant2(tune_fn, base_fn, q: float, orders: np.ndarray) -> np.ndarray:
   """Variant 2: Zhu-Wang-subsampled tuning RDP composed with the final run on all of X."""
   return zhu_wang(tune_fn, q, orders) + base_fn(orders)
-
-
-@dataclasses.dataclass(frozen=True)
-class SubsampledTuning:
-  """Koskela-Kulkarni tuning on a Poisson subset, then one final training run.
-
-  Args:
-    tune: the private search run on the subset, a `RepeatAndSelect` (the paper
-      uses K ~ Poisson; any distribution the accountant handles works). Its
-      base is one candidate's guarantee *on the subset* (e.g. DP-SGD with the
-      same sampling rate, steps and sigma as the final run).
-    final: the final training run's guarantee (DpEvent or plain guarantee).
-    q: subset sampling rate in (0, 1).
-    variant: 1 (final run on X \\ X1, Thm 1) or 2 (final run on X; Zhu-Wang +
-      composition).
-  """
-
-  tune: Any
-  final: Any
-  q: float
-  variant: int = 1
-
-  def __post_init__(self):
-    from jaxdp.accounting.events import RepeatAndSelect, check_base  # pylint: disable=g-import-not-at-top
-    if not isinstance(self.tune, RepeatAndSelect):
-      raise ValueError(f"tune must be a RepeatAndSelect event, got {self.tune!r}")
-    check_base(self.final)
-    object.__setattr__(self, "q", _validate.probability("q", self.q))
-    if self.variant not in (1, 2) or isinstance(self.variant, bool):
-      raise ValueError(f"variant must be 1 or 2, got {self.variant!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class UniformCandidates:
-  """Candidates with different guarantees, one drawn at random per run (KK Lemma 1).
-
-  Its RDP is the pointwise maximum of the candidates' RDP curves (joint
-  convexity of e^{(a-1) D_a}), so it can serve as the base of `RepeatAndSelect`
-  when hyperparameters change the privacy of a run (sampling rate, epochs, sigma).
-
-  Args:
-    candidates: non-empty sequence of bases (DpEvents or plain guarantees).
-  """
-
-  candidates: Sequence[Any]
-
-  def __post_init__(self):
-    from jaxdp.accounting.events import check_base  # pylint: disable=g-import-not-at-top
-    cands = tuple(self.candidates) if not isinstance(self.candidates, (str, bytes)) else ()
-    if not cands:
-      raise ValueError(f"candidates must be a non-empty sequence of guarantees, got {self.candidates!r}")
-    for c in cands:
-      check_base(c)
-    object.__setattr__(self, "candidates", cands)
 
 
 def parallel_composition(curves: Sequence[np.ndarray]) -> np.ndarray:

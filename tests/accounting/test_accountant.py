@@ -63,7 +63,7 @@ def test_orders_override_changes_the_grid():
   ev = acc.RepeatAndSelect(DPSGD, acc.Poisson(mean=10))
   coarse = acc.epsilon(ev, 1e-5, "rdp", orders=[2, 4, 8, 16, 32])
   assert coarse > acc.epsilon(ev, 1e-5, "rdp")
-  np.testing.assert_array_equal(acc.guarantee(ev, "rdp", orders=[8, 2, 4, 4]).orders, [2, 4, 8])
+  np.testing.assert_array_equal(acc.make_accountant("rdp", orders=[8, 2, 4, 4]).compose(ev).orders, [2, 4, 8])
 
 
 def test_zcdp_and_pure_bases_match_their_dp_accounting_counterparts():
@@ -76,7 +76,10 @@ def test_zcdp_and_pure_bases_match_their_dp_accounting_counterparts():
   lam = np.array([1.5, 2.0, 10.0, 100.0])
   rr = acc.PureDp(1.0).rdp(lam)
   assert np.all(rr <= 1.0) and np.all(rr <= lam / 2 + 1e-12)
-  assert acc.epsilon(acc.PureDp(1.0), 1e-9) == 1.0
+  # 1.0-DP: delta is 0 from eps = 1 on; below, the exact randomized-response profile
+  # (e - e^eps) / (1 + e) is inverted: eps(delta) = log(e - delta (1 + e)).
+  assert acc.delta(acc.PureDp(1.0), 1.0) == 0.0
+  assert acc.epsilon(acc.PureDp(1.0), 1e-9) == pytest.approx(math.log(math.e - 1e-9 * (1 + math.e)), abs=1e-12)
 
 
 def test_rdp_curve_base_is_conservative_between_orders():
@@ -84,7 +87,7 @@ def test_rdp_curve_base_is_conservative_between_orders():
   np.testing.assert_array_equal(curve.rdp(np.array([1.5, 2, 3, 8, 20, 32, 33])),
                                 [0.1, 0.1, 0.5, 0.5, 3.0, 3.0, np.inf])
   # A curve built from an event's own RDP reproduces that event's epsilon on the same grid.
-  g = acc.guarantee(DPSGD)
+  g = acc.make_accountant("rdp").compose(DPSGD)
   assert acc.epsilon(acc.RdpCurve(g.orders, g.rdp), 1e-5, "rdp") == pytest.approx(
       acc.epsilon(DPSGD, 1e-5, "rdp"), rel=1e-12)
   # RdpCurve enforces monotonicity in the order (a larger order's bound holds for smaller ones).

@@ -20,11 +20,18 @@ from jaxdp.accounting import liu_talwar as lt
 ], ids=["inf", "T100", "T2", "T1"])
 def test_threshold_select(gamma, t, want):
   ev = acc.ThresholdSelect(acc.PureDp(0.5), gamma, t)
-  assert acc.epsilon(ev, 1e-6) == pytest.approx(want, rel=1e-12)
+  # A want-DP guarantee read at delta = 1e-6 through its exact randomized-response profile.
+  assert acc.delta(ev, want, "liu-talwar") == 0.0
+  assert acc.epsilon(ev, 1e-6) == pytest.approx(_pure_at(want, 1e-6), rel=1e-12)
   rep = acc.report(ev, 1e-6)
-  assert rep.best_epsilon == pytest.approx(want, rel=1e-12)
+  assert rep.best_epsilon == pytest.approx(_pure_at(want, 1e-6), rel=1e-12)
   # Composition over the (at most T) calls ties Liu-Talwar only when T eps1 is the bound.
   assert rep.best_method == "liu-talwar" or {r.method: r.epsilon for r in rep.results}["composition"] == rep.best_epsilon
+
+
+def _pure_at(eps0, delta):
+  """eps at `delta` of an eps0-DP guarantee: the inverse of (e^eps0 - e^eps) / (1 + e^eps0)."""
+  return math.log(math.exp(eps0) - delta * (1.0 + math.exp(eps0)))
 
 
 def test_threshold_select_needs_pure_base():
@@ -36,12 +43,16 @@ def test_threshold_select_needs_pure_base():
   assert acc.epsilon(ev, 1e-6) == pytest.approx(acc.epsilon(
       acc.RepeatAndSelect(dpa.GaussianDpEvent(2.0), acc.Geometric(gamma=0.1)), 1e-6, "composition"))
   # A Laplace event is pure: 1/b-DP.
-  assert acc.epsilon(acc.ThresholdSelect(dpa.LaplaceDpEvent(2.0), 0.1), 1e-6) == pytest.approx(1.0)
+  assert acc.epsilon(acc.ThresholdSelect(dpa.LaplaceDpEvent(2.0), 0.1), 1e-6) == pytest.approx(_pure_at(1.0, 1e-6))
 
 
 def test_random_stopping_is_geometric_repeat_and_select():
   ev = acc.RandomStopping(acc.PureDp(1.0), 0.1)
-  assert isinstance(ev, acc.RepeatAndSelect) and ev.distribution.mean == pytest.approx(10.0)
+  # Accounted exactly as repeat-and-select with K ~ Geometric(gamma=0.1) (mean 10) by every other method.
+  same = acc.RepeatAndSelect(acc.PureDp(1.0), acc.Geometric(gamma=0.1))
+  assert same.distribution.mean == pytest.approx(10.0)
+  for method in ("rdp", "composition", "profile"):
+    assert acc.epsilon(ev, 1e-9, method) == acc.epsilon(same, 1e-9, method)
   # Thm 3.2 says 3 eps; the pure limit of Lemma 7 is sharper for gamma = 0.1:
   # max over the constraints' corner u' = e^eps/(1+e^eps): eps + 2 log(...) = 2.5919.
   assert acc.epsilon(ev, 1e-9, method="liu-talwar") == pytest.approx(2.5919, abs=2e-3)
@@ -88,8 +99,13 @@ def test_bad_base_is_rejected():
     acc.ThresholdSelect("not a base", 0.1)
 
 
-def test_pure_epsilon_helper():
-  assert lt.pure_epsilon(dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(2.0), 3)) == pytest.approx(1.5)
-  assert lt.pure_epsilon(dpa.GaussianDpEvent(1.0)) is None
+def _pure_epsilon(event):
+  acct = acc.LiuTalwarAccountant()
+  return acct.compose(event).pure_epsilon if acct.supports(event) else None
+
+
+def test_pure_epsilon_of_composed_and_nested_parts():
+  assert _pure_epsilon(dpa.SelfComposedDpEvent(dpa.LaplaceDpEvent(2.0), 3)) == pytest.approx(1.5)
+  assert _pure_epsilon(dpa.GaussianDpEvent(1.0)) is None
   nested = acc.RepeatAndSelect(acc.PureDp(0.5), acc.Geometric(mean=5))
-  assert lt.pure_epsilon(nested) <= 1.5 + 1e-12
+  assert _pure_epsilon(nested) <= 1.5 + 1e-12

@@ -256,7 +256,7 @@ _SEL = ev.RepeatAndSelect(ev.PureDp(0.5), dists.Poisson(mean=2))
     (ev.RepeatAndSelect(_SEL, dists.Fixed(2)), "itself a random-K selection"),
     (dpa.ComposedDpEvent([_SEL, _SEL]), "2 random-K selections"),
     (dpa.SelfComposedDpEvent(_SEL, 3), "composed 3 times"),
-    (ev.RepeatAndSelect(ev.PureDp(0.5), dists.Geometric(mean=100)), r"Geometric\(mean=100.0\) needs \d+ terms"),
+    (ev.RepeatAndSelect(ev.PureDp(0.5), dists.Geometric(mean=100)), r"Geometric\(mean=100.0\) needs more than max_terms=48 terms"),
     (ev.RepeatAndSelect(ev.PureDp(0.5), dists.Logarithmic(mean=1000)), "Logarithmic.*needs"),
     (dpa.ComposedDpEvent([dpa.GaussianDpEvent(1.0), ev.RepeatAndSelect(ev.Zcdp(0.1), dists.Poisson(2))]),
      "zCDP"),
@@ -298,7 +298,7 @@ def test_max_terms_decides_support():
   assert 30 < k_max <= 48
   assert PldAccountant(max_terms=k_max).supports(sel)
   assert not PldAccountant(max_terms=k_max - 1).supports(sel)
-  with pytest.raises(dpa.UnsupportedEventError, match=f"needs {k_max} terms"):
+  with pytest.raises(dpa.UnsupportedEventError, match=f"needs more than max_terms={k_max - 1} terms"):
     PldAccountant(max_terms=k_max - 1).compose(sel)
   # Bounded K needs no tail: Binomial(n, p) with n <= max_terms is always supported.
   assert PldAccountant(max_terms=30).supports(ev.RepeatAndSelect(ev.PureDp(0.5), dists.Binomial(30, 0.9)))

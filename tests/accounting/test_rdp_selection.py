@@ -130,7 +130,7 @@ def test_trap_a_lemma7_without_k0_atom_is_false():
   assert printed == pytest.approx(0.0987, abs=1e-4)
   assert exact == pytest.approx(0.2384, abs=1e-4)
   assert printed < exact
-  ours = acc.guarantee(acc.RepeatAndSelect(dpa.GaussianDpEvent(2.0), dist), "rdp", orders=[lam]).rdp[0]
+  ours = acc.make_accountant("rdp", orders=[lam]).compose(acc.RepeatAndSelect(dpa.GaussianDpEvent(2.0), dist)).rdp[0]
   assert ours >= exact
   # Bin(1, p) is a mixture of "default" and one run: the atom-aware bound is exact here.
   assert ours == pytest.approx(exact, rel=1e-3)
@@ -143,7 +143,7 @@ def test_trap_b_theorem6_rejects_mean_below_one():
   with pytest.raises(ValueError, match="mean >= 1"):
     rs.theorem6(orders, rdp, 0.3)
   ev = acc.RepeatAndSelect(dpa.GaussianDpEvent(8.0), acc.Poisson(mean=0.3))
-  ours = acc.guarantee(ev, "rdp", orders=[8.0]).rdp[0]
+  ours = acc.make_accountant("rdp", orders=[8.0]).compose(ev).rdp[0]
   q0, q1 = ex.gaussian_bins(8.0)
   exact = max(ex.renyi(ex.best_of_k(a, ev.distribution), ex.best_of_k(b, ev.distribution), 8.0)
               for a, b in ex.pairs_both_ways(q0, q1))
@@ -167,8 +167,8 @@ def test_fixed_k_is_plain_composition(k):
 
 def test_lemma7_is_below_composition_for_binomial_with_small_p():
   ev = acc.RepeatAndSelect(GAUSS4, acc.Binomial(100, 0.1))
-  lemma = rs.lemma7(np.asarray(acc.DEFAULT_ORDERS), acc.guarantee(GAUSS4).rdp, ev.distribution)
-  comp = rs.composition(np.asarray(acc.DEFAULT_ORDERS), acc.guarantee(GAUSS4).rdp, ev.distribution)
+  lemma = rs.lemma7(np.asarray(acc.DEFAULT_ORDERS), acc.make_accountant("rdp").compose(GAUSS4).rdp, ev.distribution)
+  comp = rs.composition(np.asarray(acc.DEFAULT_ORDERS), acc.make_accountant("rdp").compose(GAUSS4).rdp, ev.distribution)
   # Neither dominates order-wise: composition wins at small orders, Lemma 7 at large ones.
   assert np.any(lemma < comp) and np.any(comp < lemma)
   assert np.all(np.isfinite(lemma))
@@ -184,7 +184,7 @@ def test_binomial_approaches_poisson_like_bound():
 
 def test_composition_of_random_k_matches_pgf_formula():
   ev = acc.RepeatAndSelect(acc.Zcdp(0.05), acc.Poisson(mean=4))
-  g = acc.guarantee(ev, "composition", orders=[2.0, 5.0])
+  g = acc.make_accountant("composition", orders=[2.0, 5.0]).compose(ev)
   # e^{(l-1) eps'} = f(e^{(l-1) rho l}) = exp(mean (e^{(l-1) rho l} - 1)).
   expected = [4 * math.expm1(1 * 0.05 * 2) / 1, 4 * math.expm1(4 * 0.05 * 5) / 4]
   np.testing.assert_allclose(g.rdp, expected, rtol=1e-12)
@@ -221,7 +221,7 @@ def test_rdp_bounds_are_sound_on_exact_mechanisms(dist, mech):
     base, (q0, q1) = dpa.GaussianDpEvent(3.0), ex.gaussian_bins(3.0, n_bins=8000, width=12)
   ev = acc.RepeatAndSelect(base, dist)
   for method in ("rdp", "composition"):  # the RDP-curve methods; profiles: test_soundness_profiles
-    bound = acc.guarantee(ev, method, orders=SOUND_ORDERS).rdp
+    bound = acc.make_accountant(method, orders=SOUND_ORDERS).compose(ev).rdp
     for lam, b in zip(SOUND_ORDERS, bound):
       assert b >= _exact_rdp(q0, q1, dist, lam) * (1 - 1e-6) - 1e-9, (method, lam)
     for delta in (1e-3, 1e-6):
@@ -234,7 +234,7 @@ def test_rdp_bounds_are_sound_on_exact_mechanisms(dist, mech):
 def test_vectorised_rdp_to_delta_equals_dp_accounting():
   rng = np.random.default_rng(0)
   orders = np.asarray(acc.DEFAULT_ORDERS)
-  for rdp in (acc.guarantee(DPSGD).rdp, rng.uniform(0, 3, orders.size),
+  for rdp in (acc.make_accountant("rdp").compose(DPSGD).rdp, rng.uniform(0, 3, orders.size),
               np.where(orders > 40, np.inf, orders / 50), np.zeros(orders.size)):
     eps = np.array([0.0, 0.01, 0.3, 1.0, 4.0, 30.0])
     ours = rs.rdp_to_delta(orders, rdp, eps)

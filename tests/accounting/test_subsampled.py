@@ -21,7 +21,7 @@ def _curve_fn(values):
 
 @pytest.fixture(scope="module")
 def kk_curves():
-  base = acc.guarantee(KK_BASE, "rdp", orders=ORDERS).rdp
+  base = acc.make_accountant("rdp", orders=ORDERS).compose(KK_BASE).rdp
   raw = {}
   for mu in (15, 45):
     # Thm 6 without the monotone repair: the convention of REFERENCE Sec. 9.7.
@@ -65,7 +65,7 @@ def test_monotone_in_q(kk_curves, variant):
 def test_zhu_wang_upper_bounds_exact_subsampled_gaussian(sigma, q):
   orders = np.arange(2, 64, dtype=np.float64)
   zw = ss.zhu_wang(lambda o: o / (2 * sigma**2), q, orders)
-  exact = acc.guarantee(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), "rdp", orders=orders).rdp
+  exact = acc.make_accountant("rdp", orders=orders).compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma))).rdp
   assert np.all(zw >= exact * (1 - 1e-12))
   # ... and is close to it at small orders (the factor 3 only touches j >= 3 terms).
   assert zw[0] == pytest.approx(exact[0], rel=1e-9)
@@ -134,8 +134,8 @@ def test_uniform_candidates_take_the_worst_candidate():
   weak = dpa.GaussianDpEvent(2.0)
   strong = dpa.GaussianDpEvent(8.0)
   both = acc.UniformCandidates([weak, strong])
-  g = acc.guarantee(both, "rdp").rdp
-  np.testing.assert_allclose(g, np.maximum(acc.guarantee(weak, "rdp").rdp, acc.guarantee(strong, "rdp").rdp))
+  g = acc.make_accountant("rdp").compose(both).rdp
+  np.testing.assert_allclose(g, np.maximum(acc.make_accountant("rdp").compose(weak).rdp, acc.make_accountant("rdp").compose(strong).rdp))
   for method in ("rdp", "profile", "best"):
     tuned = acc.epsilon(acc.RepeatAndSelect(both, acc.Geometric(mean=10)), 1e-5, method)
     assert tuned == pytest.approx(acc.epsilon(acc.RepeatAndSelect(weak, acc.Geometric(mean=10)), 1e-5, method),

@@ -1,0 +1,316 @@
+"""`epsilon`, `delta`, `report` and `method="best"`: thin functions over the accountants.
+
+Each method is one `dp_accounting.PrivacyAccountant`:
+
+  ==================  ==========================================================
+  ``"rdp"``           `RdpSelectionAccountant`: Papernot-Steinke (Koskela-Kulkarni
+                      for subset tuning), composing by adding RDP curves
+  ``"composition"``   `CompositionAccountant`: every run paid for, by RDP
+  ``"profile"``       `ProfileAccountant`: Koskela-Redberg-Wang privacy profiles,
+                      composing through dominating PLDs
+  ``"profile-refined"`` the same with a derived, tighter c(eps1); opt-in for "best"
+  ``"liu-talwar"``    `LiuTalwarAccountant`: pure-DP threshold / random stopping
+  ``"pld"``           `PldAccountant`: PLD composition mixed over light-tailed K
+  ``"best"``          `BestAccountant`: the minimum over those that support the event
+  ==================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Optional, Sequence
+
+import dp_accounting as dpa
+
+from jaxdp import _validate
+from jaxdp.accounting import base
+from jaxdp.accounting import events as ev
+from jaxdp.accounting import liu_talwar
+from jaxdp.accounting import pld_accountant
+from jaxdp.accounting import profile_accountant
+from jaxdp.accounting import rdp_accountant
+from jaxdp.accounting import subsampled
+
+#: Largest number of mixture terms "best" lets the PLD method use.
+BEST_PLD_MAX_TERMS = 24
+METHODS = ("rdp", "composition", "profile", "profile-refined", "liu-talwar", "pld")
+ALL_METHODS = METHODS + ("best",)
+#: Derived, not in the paper: "best" uses it only when the caller opts in
+#: (`allow_refined=True`, `jaxdp account --allow-refined`).
+OPT_IN_METHODS = ("profile-refined",)
+_OPT_IN_WHY = ("profile-refined is opt-in: its c(eps1) is derived in jaxdp, not taken from "
+               "the paper (see jaxdp/accounting/profile_selection.py)")
+
+
+def _orders_for(event, orders):
+  if not isinstance(event, dpa.DpEvent):
+    raise ev.UnsupportedBaseError(f"event: a base must be a dp_accounting.DpEvent, got {event!r}")
+  if _contains(event, ev.SubsampledTuning):
+    return subsampled.check_integer_orders(orders)
+  return orders
+
+
+def _contains(event, cls) -> bool:
+  if isinstance(event, cls):
+    return True
+  children = []
+  if isinstance(event, dpa.ComposedDpEvent):
+    children = list(event.events)
+  elif isinstance(event, ev.UniformCandidates):
+    children = list(event.candidates)
+  elif isinstance(event, ev.SubsampledTuning):
+    children = [event.tune, event.final]
+  else:
+    for name in ("event", "base"):
+      if isinstance(getattr(event, name, None), dpa.DpEvent):
+        children.append(getattr(event, name))
+  return any(_contains(c, cls) for c in children)
+
+
+def make_accountant(method: str = "best", *, orders: Optional[Sequence[float]] = None,
+                    allow_refined: bool = False) -> dpa.PrivacyAccountant:
+  """A fresh accountant for `method` (one of `ALL_METHODS`)."""
+  if method == "rdp":
+    return rdp_accountant.RdpSelectionAccountant(orders)
+  if method == "composition":
+    return rdp_accountant.CompositionAccountant(orders)
+  if method in ("profile", "profile-refined"):
+    return profile_accountant.ProfileAccountant(refined=method == "profile-refined", orders=orders)
+  if method == "liu-talwar":
+    return liu_talwar.LiuTalwarAccountant()
+  if method == "pld":
+    return pld_accountant.PldAccountant()
+  if method == "best":
+    return BestAccountant(orders=orders, allow_refined=allow_refined)
+  raise ValueError(f"method must be one of {ALL_METHODS}, got {method!r}")
+
+
+class BestAccountant(base.Accountant):
+  """The smallest epsilon (delta) over every method that supports all composed events.
+
+  Each event is composed into the methods that support it; a method that
+  cannot account an event drops out (it could no longer account the ledger).
+
+  Args:
+    orders: RDP orders for the RDP-based methods.
+    allow_refined: also use "profile-refined".
+  """
+
+  method = "best"
+
+  def __init__(self, orders: Optional[Sequence[float]] = None, allow_refined: bool = False):
+    super().__init__()
+    names = [m for m in METHODS if allow_refined or m not in OPT_IN_METHODS]
+    self.accountants = {m: make_accountant(m, orders=orders) for m in names}
+    # PLD mixtures pay one FFT composition per term: "best" takes them only for
+    # light tails (bounded K, or few terms), where they can beat the selection
+    # theorems; method "pld" itself goes up to its default.
+    self.accountants["pld"] = pld_accountant.PldAccountant(max_terms=BEST_PLD_MAX_TERMS)
+    self.dropped: dict = {}
+
+  def _maybe_compose(self, event, count, do_compose):
+    reasons = {name: acct.unsupported(event, count) for name, acct in self.accountants.items()}
+    able = [name for name, err in reasons.items() if err is None]
+    if not able:
+      errors = [err for err in reasons.values() if err is not None]
+      return base.CompositionErrorDetails(
+          errors[0].invalid_event if errors else event,
+          "no method supports it: " + "; ".join(f"{m}: {e.error_message}" for m, e in reasons.items()))
+    if do_compose:
+      for name, err in reasons.items():
+        if err is None:
+          self.accountants[name].compose(event, count)
+        else:
+          self.dropped[name] = err.error_message
+          del self.accountants[name]
+    return None
+
+  def _results(self, fn):
+    out = {}
+    for name, acct in self.accountants.items():
+      try:
+        out[name] = fn(acct)
+      except ev.NotApplicableError as err:  # a theorem's condition failed at this point
+        self.dropped[name] = str(err)
+    if not out:
+      raise ev.NotApplicableError("no method applies: " + "; ".join(
+          f"{m}: {why}" for m, why in self.dropped.items()))
+    return out
+
+  def get_epsilon(self, target_delta: float) -> float:
+    return min(self._results(lambda a: a.get_epsilon(target_delta)).values())
+
+  def get_delta(self, target_epsilon: float) -> float:
+    return min(self._results(lambda a: a.get_delta(target_epsilon)).values())
+
+
+def _composed(event, method, orders, allow_refined) -> dpa.PrivacyAccountant:
+  orders = _orders_for(event, orders)
+  acct = make_accountant(method, orders=orders, allow_refined=allow_refined)
+  err = acct.unsupported(event)
+  if err is not None:
+    able = [m for m in METHODS if m != method and
+            make_accountant(m, orders=orders).supports(event)]
+    cls = ev.NotApplicableError if able else ev.UnsupportedBaseError
+    raise cls(f"method {method!r} cannot account {describe(err.invalid_event)}: "
+              f"{err.error_message}. Methods that can: {', '.join(able) if able else 'none'}")
+  return acct.compose(event)
+
+
+def epsilon(event, delta: float, method: str = "best",
+            orders: Optional[Sequence[float]] = None, *, allow_refined: bool = False) -> float:
+  """Smallest epsilon such that `event` is (epsilon, delta)-DP by `method`.
+
+  Args:
+    event: any DpEvent: jaxdp's selections and guarantees, dp-accounting's
+      events, and compositions of both.
+    delta: target delta, in (0, 1).
+    method: one of `METHODS` or "best" (minimum over the methods that apply).
+    orders: RDP orders (all > 1); default dp-accounting's grid (integers
+      2..128 with subset tuning).
+    allow_refined: let "best" also use "profile-refined".
+
+  Returns:
+    epsilon >= 0 (natural-log units); inf if no finite bound exists.
+
+  Raises:
+    ValueError: invalid delta, method or orders. `NotApplicableError` naming
+      the unsupported part and the methods that could account it;
+      `UnsupportedBaseError` if none can.
+
+  Example:
+    >>> from jaxdp import accounting as acc
+    >>> base = acc.dpsgd_event(256 / 60000, 1.1, 14063)
+    >>> round(acc.epsilon(acc.RepeatAndSelect(base, acc.Poisson(mean=10)), 1e-5, "rdp"), 4)
+    5.7489
+  """
+  delta = _validate.probability("delta", delta)
+  return float(_composed(event, method, orders, allow_refined).get_epsilon(delta))
+
+
+def delta(event, epsilon: float, method: str = "best",  # pylint: disable=redefined-outer-name
+          orders: Optional[Sequence[float]] = None, *, allow_refined: bool = False) -> float:
+  """Smallest delta such that `event` is (epsilon, delta)-DP by `method` (see `epsilon`)."""
+  epsilon = _validate.real("epsilon", epsilon, low=0.0)
+  return float(_composed(event, method, orders, allow_refined).get_delta(epsilon))
+
+
+def rdp_curve(event, orders: Optional[Sequence[float]] = None, method: str = "rdp") -> ev.RdpCurve:
+  """The event's RDP curve as an `RdpCurve` ("rdp" or "composition"), e.g. to reuse as a base."""
+  if method not in ("rdp", "composition"):
+    raise ValueError(f"method must be 'rdp' or 'composition', got {method!r}")
+  acct = _composed(event, method, orders, False)
+  return ev.RdpCurve(acct.orders, acct.rdp)
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodResult:
+  method: str
+  epsilon: Optional[float]
+  theorem: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """Every method's epsilon at one delta, and the tightest (what "best" returns)."""
+
+  event: str
+  delta: float
+  results: tuple
+  best_method: str
+  best_epsilon: float
+  allow_refined: bool = False
+
+  def to_dict(self) -> dict:
+    return {
+        "event": self.event,
+        "delta": self.delta,
+        "methods": [dataclasses.asdict(r) for r in self.results],
+        "best": {"method": self.best_method, "epsilon": self.best_epsilon},
+        "allow_refined": self.allow_refined,
+    }
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2, default=str)
+
+  def __str__(self) -> str:
+    width = max(len("method"), *(len(r.method) for r in self.results))
+    lines = [f"Privacy of: {self.event}", f"at delta = {self.delta:g}", "",
+             f"{'method':<{width}} {'epsilon':>10}  theorem"]
+    for r in self.results:
+      eps = "n/a" if r.epsilon is None else f"{r.epsilon:10.4f}"
+      mark = "  <- tightest (used by best)" if r.method == self.best_method else ""
+      lines.append(f"{r.method:<{width}} {eps:>10}  {r.theorem}{mark}")
+    if not self.allow_refined:
+      lines += ["", f"note: {_OPT_IN_WHY}; pass allow_refined=True (CLI: --allow-refined) to use it."]
+    return "\n".join(lines)
+
+
+def report(event, delta: float, orders: Optional[Sequence[float]] = None,  # pylint: disable=redefined-outer-name
+           *, allow_refined: bool = False) -> Report:
+  """Epsilon at `delta` by every method, marking the one "best" returns.
+
+  Opt-in methods ("profile-refined") are always shown, but count as tightest
+  only with `allow_refined=True`.
+  """
+  delta = _validate.probability("delta", delta)
+  orders = _orders_for(event, orders)
+  results = []
+  for m in METHODS:
+    acct = make_accountant(m, orders=orders)
+    err = acct.unsupported(event)
+    if err is not None:
+      results.append(MethodResult(m, None, f"not applicable: {err.error_message}"))
+      continue
+    try:
+      eps = float(acct.compose(event).get_epsilon(delta))
+    except ev.NotApplicableError as e:
+      results.append(MethodResult(m, None, f"not applicable: {e}"))
+      continue
+    results.append(MethodResult(m, eps, acct.theorem))
+  valid = [r for r in results if r.epsilon is not None
+           and (allow_refined or r.method not in OPT_IN_METHODS)]
+  if not valid:
+    raise ev.UnsupportedBaseError("no method applies: " + "; ".join(
+        f"{r.method}: {r.theorem}" for r in results))
+  best = min(valid, key=lambda r: r.epsilon)
+  return Report(describe(event), delta, tuple(results), best.method, best.epsilon, allow_refined)
+
+
+def describe(event) -> str:
+  """A readable one-line description of an event."""
+  if isinstance(event, dpa.SelfComposedDpEvent):
+    inner = event.event
+    if isinstance(inner, dpa.PoissonSampledDpEvent) and isinstance(inner.event, dpa.GaussianDpEvent):
+      return (f"DP-SGD(q={inner.sampling_probability:.6g}, sigma={inner.event.noise_multiplier:.6g}, "
+              f"steps={event.count})")
+    return f"{event.count} x [{describe(inner)}]"
+  if isinstance(event, dpa.ComposedDpEvent):
+    return " + ".join(f"[{describe(e)}]" if isinstance(e, dpa.ComposedDpEvent) else describe(e)
+                      for e in event.events) or "nothing"
+  if isinstance(event, dpa.GaussianDpEvent):
+    return f"Gaussian(sigma={event.noise_multiplier:.6g})"
+  if isinstance(event, dpa.PoissonSampledDpEvent):
+    return f"Poisson-sampled(q={event.sampling_probability:.6g}) {describe(event.event)}"
+  if isinstance(event, ev.RepeatAndSelect):
+    return f"best of K ~ {event.distribution!r} runs of {describe(event.base)}"
+  if isinstance(event, ev.RandomStopping):
+    cap = "" if event.max_iterations is None else f", at most {event.max_iterations} runs"
+    return f"random stopping (stop_prob={event.stop_prob:g}{cap}) over {describe(event.base)}"
+  if isinstance(event, ev.ThresholdSelect):
+    cap = "" if event.max_iterations is None else f", at most {event.max_iterations} calls"
+    return f"threshold selection (stop_prob={event.stop_prob:g}{cap}) over {describe(event.base)}"
+  if isinstance(event, ev.UniformCandidates):
+    return "one of {" + ", ".join(describe(c) for c in event.candidates) + "} at random"
+  if isinstance(event, ev.SubsampledTuning):
+    return (f"tuning on a q={event.q:g} subset ({describe(event.tune)}), then final run "
+            f"{describe(event.final)} (variant {event.variant})")
+  if isinstance(event, ev.PureDp):
+    return f"{event.epsilon:g}-DP"
+  if isinstance(event, ev.ApproxDp):
+    return f"({event.epsilon:g}, {event.delta:g})-DP"
+  if isinstance(event, ev.Zcdp):
+    return f"{event.rho:g}-zCDP"
+  return repr(event)

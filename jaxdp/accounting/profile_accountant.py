@@ -1,0 +1,338 @@
+"""Privacy-profile accountant (method "profile"; "profile-refined" as an option).
+
+One event's profile (hockey-stick curve, symmetric over add/remove):
+  * `GaussianDpEvent` (self-composed): the exact analytic Gaussian profile;
+  * other dp-accounting events: the tighter of dp-accounting's pessimistic PLD
+    (never below its trusted floor) and the RDP conversion;
+  * `PureDp`, `ApproxDp`: their exact dominating pairs; `ReportNoisyMax`:
+    KRW Thm 3.2/3.3; `Zcdp`, `RdpCurve`: the RDP conversion;
+  * `RepeatAndSelect` (and uncapped `RandomStopping`): Koskela-Redberg-Wang
+    bounds m * delta_Q(eps - c) (`profile_selection`), Q's profile found by this
+    same accountant (so bases may be compositions or selections themselves);
+  * `UniformCandidates`: the pointwise max of the candidates' profiles.
+
+Composition (several parts, or one part several times): every part becomes a
+privacy-loss distribution and dp-accounting composes them. dp-accounting's
+events give their own PLDs; a jaxdp part becomes the pair whose tradeoff
+function is the envelope max_i f_{eps_i, delta_i} over a grid of points of
+its profile: a mechanism that is (eps_i, delta_i)-DP for every i is
+dominated by that pair (Dong, Roth & Su 2022, Prop. 2.12 with the (eps, delta)
+tradeoff functions, all symmetric), whose privacy losses are exactly
++-eps_i; dp-accounting rounds them up (pessimistic). So the composed bound is
+valid however coarse the grid; the grid only decides how tight it is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import dp_accounting as dpa
+import numpy as np
+
+from jaxdp import _validate
+from jaxdp.accounting import _dpa
+from jaxdp.accounting import base
+from jaxdp.accounting import events as ev
+from jaxdp.accounting import profile_selection as ps
+from jaxdp.accounting import profiles as prof_lib
+from jaxdp.accounting import rdp_accountant
+
+_Details = base.CompositionErrorDetails
+#: Points of a jaxdp part's profile turned into its dominating PLD.
+_ENVELOPE_POINTS = 240
+
+
+class ProfileAccountant(base.Accountant):
+  """Method "profile" (Koskela-Redberg-Wang), or "profile-refined" with `refined=True`.
+
+  Args:
+    refined: use the tighter, derived c(eps1) of `profile_selection` (not in
+      the paper; `best` uses it only when the caller opts in).
+    orders: RDP orders for parts known only by an RDP curve.
+    value_discretization_interval: PLD discretisation; None (default) picks it
+      per event (`_dpa.pld_interval_for`: finer than 1e-4 never, coarser only
+      for events with a large privacy loss; always pessimistic).
+
+  Attributes (after `compose`):
+    theorem: the results used, for reports.
+
+  Example:
+    >>> import dp_accounting as dpa
+    >>> from jaxdp import accounting as acc
+    >>> tune = acc.RepeatAndSelect(dpa.GaussianDpEvent(4.0), acc.Geometric(mean=10))
+    >>> round(acc.ProfileAccountant().compose(tune).get_epsilon(1e-5), 4)
+    1.9855
+  """
+
+  def __init__(self, refined: bool = False, orders: Optional[Sequence[float]] = None,
+               value_discretization_interval: Optional[float] = None):
+    super().__init__()
+    if not isinstance(refined, bool):
+      raise ValueError(f"refined must be a bool, got {refined!r}")
+    self.refined = refined
+    self.method = "profile-refined" if refined else "profile"
+    self._orders = rdp_accountant.check_orders(orders)
+    self._interval = (None if value_discretization_interval is None else _validate.real(
+        "value_discretization_interval", value_discretization_interval, low=0.0, low_open=True))
+    self._parts: list = []  # (event, count) of every part composed so far
+    self._cache = None
+
+  # ------------------------------------------------------------------ composition
+
+  def _fresh(self) -> "ProfileAccountant":
+    return ProfileAccountant(self.refined, self._orders, self._interval)
+
+  def _maybe_compose(self, event, count, do_compose) -> Optional[_Details]:
+    if isinstance(event, dpa.NoOpDpEvent):
+      return None
+    if isinstance(event, dpa.ComposedDpEvent):
+      for e in event.events:
+        err = self._maybe_compose(e, count, do_compose)
+        if err is not None:
+          return err
+      return None
+    if isinstance(event, dpa.SelfComposedDpEvent) and not ev.is_dp_accounting_only(event):
+      return self._maybe_compose(event.event, count * event.count, do_compose)
+    err = self._why_not(event)
+    if err is None and do_compose:
+      self._parts.append((event, count))
+      self._cache = None
+    return err
+
+  def _why_not(self, event) -> Optional[_Details]:
+    """Why one (non-composed) part has no profile here, or None."""
+    if isinstance(event, (ev.PureDp, ev.ApproxDp, ev.ReportNoisyMax, ev.Zcdp, ev.RdpCurve)):
+      return None
+    if isinstance(event, ev.UniformCandidates):
+      for c in event.candidates:
+        err = self._fresh().unsupported(c)
+        if err is not None:
+          return err
+      return None
+    if isinstance(event, ev.RandomStopping):
+      if event.max_iterations is not None:
+        return _Details(event, "no privacy-profile theorem for a capped geometric K "
+                               "(KRW covers truncated negative binomial, Poisson and binomial)")
+      return self._why_not(rdp_accountant.as_repeat_and_select(event))
+    if isinstance(event, ev.RepeatAndSelect):
+      if not ps.has_theorem(event.distribution):
+        return _Details(event, f"no privacy-profile theorem for K ~ {event.distribution!r} (KRW "
+                               "covers truncated negative binomial, Poisson and binomial)")
+      return self._fresh().unsupported(event.base)
+    if isinstance(event, ev.ThresholdSelect):
+      return _Details(event, "KRW bounds cover repeat-and-select, not Liu-Talwar's threshold "
+                             "algorithm; see method 'liu-talwar'")
+    if isinstance(event, ev.SubsampledTuning):
+      return _Details(event, "no privacy-profile theorem for tuning on a subset; "
+                             "Koskela-Kulkarni's bounds are RDP (method 'rdp')")
+    if isinstance(event, dpa.DpEvent):
+      if _dpa.pld_supports(event) or dpa.rdp.RdpAccountant(list(self._orders)).supports(event):
+        return None
+      return _Details(event, "neither dp-accounting's PLD nor its RDP accountant supports this event")
+    return _Details(event, f"not a DpEvent: {event!r}")
+
+  # ------------------------------------------------------------------ profiles
+
+  def profile_of(self, event) -> prof_lib.PrivacyProfile:
+    """The profile of one event (not composed with what this accountant holds)."""
+    sub = self._fresh()
+    sub.compose(event)
+    return sub.profile()
+
+  def _leaf(self, event) -> tuple[prof_lib.PrivacyProfile, str]:
+    """(profile, theorem) of one non-composed part."""
+    if isinstance(event, ev.PureDp):
+      return prof_lib.PureDpProfile(event.epsilon), "single run"
+    if isinstance(event, ev.ApproxDp):
+      return prof_lib.ApproxDpProfile(event.epsilon, event.delta), "single run"
+    if isinstance(event, ev.ReportNoisyMax):
+      prof = prof_lib.report_noisy_max_profile(event)
+      return prof, prof.description
+    if isinstance(event, (ev.Zcdp, ev.RdpCurve)):
+      return prof_lib.RdpProfile(self._orders, event.rdp(self._orders)), "single run"
+    if isinstance(event, ev.UniformCandidates):
+      return (prof_lib.MaxProfile([self.profile_of(c) for c in event.candidates]),
+              "candidates drawn at random (KRW Cor 6.2)")
+    if isinstance(event, ev.RandomStopping):
+      return self._leaf(rdp_accountant.as_repeat_and_select(event))
+    if isinstance(event, ev.RepeatAndSelect):
+      inner = self._fresh().compose(event.base)
+      prof, theorem, _, _ = ps.select(inner.profile(), event.distribution, self.refined)
+      base = inner.theorem if inner.theorem != "single run" else inner.profile().description
+      return prof, f"{theorem} on [{base}]"
+    return _dp_event_profile(event, self._orders, self._interval), "single run"
+
+  def profile(self) -> prof_lib.PrivacyProfile:
+    """A profile upper-bounding everything composed so far."""
+    if self._cache is None:
+      self._cache = self._build()
+    return self._cache[0]
+
+  @property
+  def theorem(self) -> str:
+    if not self._parts:
+      return "nothing composed"
+    self.profile()
+    return self._cache[1]
+
+  def _build(self):
+    if not self._parts:
+      return prof_lib.ApproxDpProfile(0.0, 0.0), "nothing composed"
+    if len(self._parts) == 1 and self._parts[0][1] == 1:
+      return self._leaf(self._parts[0][0])
+    # Several parts: compose privacy-loss distributions.
+    dpa_parts = [dpa.SelfComposedDpEvent(e, c) for e, c in self._parts if ev.is_dp_accounting_only(e)]
+    ours = [(e, c) for e, c in self._parts if not ev.is_dp_accounting_only(e)]
+    if dpa_parts and not all(_dpa.pld_supports(e) for e in dpa_parts):
+      # Only an RDP curve for some dp-accounting part: compose everything by RDP.
+      return _rdp_profile(self._parts, self._orders), "composition by RDP (no PLD for a part)"
+    interval = self._interval
+    if interval is None:
+      interval = (_dpa.pld_interval_for(dpa.ComposedDpEvent(dpa_parts)) if dpa_parts
+                  else prof_lib.PLD_DISCRETIZATION)
+    pld = _dpa.pld_identity(interval)
+    theorems = []
+    if dpa_parts:
+      pld_e, non_private = _dpa.pld_of_event(dpa.ComposedDpEvent(dpa_parts), interval)
+      if non_private:
+        return prof_lib.ApproxDpProfile(0.0, 1.0), "non-private"
+      pld = pld.compose(pld_e)
+      theorems.append("dp-accounting PLD")
+    for event, count in ours:
+      prof, theorem = self._leaf(event)
+      part = envelope_pld(prof, interval)
+      pld = pld.compose(part if count == 1 else part.self_compose(count))
+      theorems.append(theorem)
+    return (ComposedPldProfile(pld),
+            "PLD composition of [" + "; ".join(dict.fromkeys(theorems)) + "]")
+
+  # ------------------------------------------------------------------ results
+
+  def get_epsilon(self, target_delta: float) -> float:
+    target_delta = _validate.probability("target_delta", target_delta)
+    return float(self.profile().epsilon(target_delta))
+
+  def get_delta(self, target_epsilon: float) -> float:
+    target_epsilon = _validate.real("target_epsilon", target_epsilon, low=0.0, allow_inf=True)
+    if math.isinf(target_epsilon):
+      return 0.0
+    return float(self.profile().delta(target_epsilon))
+
+
+class ComposedPldProfile(prof_lib.PrivacyProfile):
+  """The profile of a composed privacy-loss distribution.
+
+  Its values come from FFT convolutions whose round-off is not bounded below
+  `_dpa.PLD_DELTA_FLOOR`, so every value carries that much extra delta: a
+  delta below the floor is never claimed (epsilon is then inf).
+  """
+
+  def __init__(self, pld):
+    self._pld = pld
+    self.description = "composed PLD (dp-accounting, pessimistic)"
+
+  def _delta_nonneg(self, eps):
+    vals = np.asarray(self._pld.get_delta_for_epsilon(np.asarray(eps, dtype=np.float64)), dtype=np.float64)
+    return np.minimum(1.0, np.maximum(vals, 0.0) + _dpa.PLD_DELTA_FLOOR)
+
+  def _epsilon_guess(self, delta):
+    if delta <= _dpa.PLD_DELTA_FLOOR:
+      return None
+    return max(0.0, float(self._pld.get_epsilon_for_delta(delta - _dpa.PLD_DELTA_FLOOR)))
+
+  def epsilon(self, delta):
+    if delta <= _dpa.PLD_DELTA_FLOOR:
+      return math.inf
+    return super().epsilon(delta)
+
+
+def _gaussian_mu(event) -> Optional[float]:
+  """mu = sensitivity/sigma if `event` is a (self-composed) Gaussian, else None."""
+  count = 1
+  while isinstance(event, dpa.SelfComposedDpEvent):
+    count *= event.count
+    event = event.event
+  if isinstance(event, dpa.GaussianDpEvent) and event.noise_multiplier > 0:
+    return math.sqrt(count) / event.noise_multiplier
+  return None
+
+
+def _dp_event_profile(event, orders, interval) -> prof_lib.PrivacyProfile:
+  mu = _gaussian_mu(event)
+  if mu is not None:
+    return prof_lib.GaussianProfile(mu)
+  rdp = _dpa.dp_event_rdp(event, orders)
+  rdp_prof = None if rdp is None else prof_lib.RdpProfile(orders, rdp)
+  if _dpa.pld_supports(event):
+    return prof_lib.PldProfile(event, interval, rdp_fallback=rdp_prof)
+  return rdp_prof
+
+
+def _rdp_profile(parts, orders) -> prof_lib.PrivacyProfile:
+  acct = rdp_accountant.RdpSelectionAccountant(orders)
+  for event, count in parts:
+    acct.compose(event, count)
+  return prof_lib.RdpProfile(acct.orders, acct.rdp, acct.pure_epsilon)
+
+
+def envelope_pld(profile: prof_lib.PrivacyProfile, interval: float):
+  """A pessimistic PLD dominating every mechanism whose symmetric profile is below `profile`.
+
+  On a grid eps_0 = 0 < ... < eps_n the mechanism is (eps_i, delta_i)-DP for
+  every i, so its tradeoff function is at least T = max_i f_{eps_i, delta_i},
+  f_{eps, delta}(a) = max(0, 1 - delta - e^eps a, e^-eps (1 - delta - a)).
+  T is convex and piecewise linear; the pair realising it has one atom per
+  segment of slope -r (Q-mass = segment length, P-mass = r times it, privacy
+  loss log r) and an atom at +inf of mass 1 - T(0) = min_i delta_i. Both
+  neighbouring orders have the same T, so one symmetric PLD serves both.
+  """
+  eps_max = profile.epsilon(1e-15)
+  if not math.isfinite(eps_max):
+    eps_max = max(profile.epsilon(1e-12), 1.0)
+  if not math.isfinite(eps_max):
+    eps_max = 60.0
+  eps = np.unique(np.concatenate([np.linspace(0.0, eps_max, _ENVELOPE_POINTS // 2),
+                                  eps_max * np.geomspace(1e-4, 1.0, _ENVELOPE_POINTS // 2)]))
+  delta = np.clip(np.asarray(profile.delta(eps), dtype=np.float64), 0.0, 1.0)
+  # Lines a -> c - s a of the envelope: (intercept c, slope magnitude s).
+  lines = np.concatenate([np.stack([1.0 - delta, np.exp(eps)], axis=1),
+                          np.stack([np.exp(-eps) * (1.0 - delta), np.exp(-eps)], axis=1)])
+  segments = _upper_envelope(lines)
+  loss_probs: dict = {}
+  for start, end, slope in segments:
+    if slope <= 0.0 or end <= start:
+      continue
+    loss = math.log(slope)
+    loss_probs[loss] = loss_probs.get(loss, 0.0) + slope * (end - start)
+  return _dpa.pld_from_losses(loss_probs, float(np.min(delta)), interval)
+
+
+def _upper_envelope(lines: np.ndarray) -> list:
+  """Segments (a_start, a_end, s) on [0, 1] of a -> max(0, max_j c_j - s_j a)."""
+  # Steepest first: as a grows the maximising line gets shallower (convexity).
+  order = np.lexsort((-lines[:, 0], -lines[:, 1]))
+  hull: list = []  # (c, s, a_start)
+  for c, s in lines[order]:
+    if hull and s == hull[-1][1]:
+      continue  # same slope, smaller intercept (lexsort): dominated
+    while hull:
+      c0, s0, a0 = hull[-1]
+      a = (c0 - c) / (s0 - s)  # where the shallower line overtakes the last one
+      if a <= a0:
+        hull.pop()
+      else:
+        hull.append((c, s, a))
+        break
+    else:
+      hull.append((c, s, 0.0))
+  segments = []
+  for i, (c, s, a0) in enumerate(hull):
+    a1 = hull[i + 1][2] if i + 1 < len(hull) else math.inf
+    zero = c / s  # the line reaches 0 here; the envelope is 0 beyond the last zero
+    a1 = min(a1, zero, 1.0)
+    if a1 > a0:
+      segments.append((a0, a1, s))
+    if zero <= a1:
+      break
+  return segments
