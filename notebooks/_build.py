@@ -132,15 +132,17 @@ NB01 = header("01_accounting", "Privacy accounting for hyperparameter tuning", "
         The base mechanism is DP-SGD as in Papernot & Steinke's MNIST experiment: each step samples
         every training example independently with probability q = 256 / 60000 (expected batch 256),
         adds Gaussian noise with multiplier σ = 1.1 to the sum of clipped gradients, and runs for
-        T = 14063 steps (60 epochs). `dp_accounting` describes it as a `DpEvent`.
+        T = ⌈60 / q⌉ = 14063 steps (60 epochs; `acc.dpsgd_steps` is the step rule the trainer uses).
+        `acc.dpsgd_event` describes it as a `dp_accounting.DpEvent`.
 
         `acc.report` lists the ε every accounting method gives; for a single run the `rdp` and
         `composition` rows are the classical RDP accountant and `profile` is the tighter
         privacy-loss-distribution (PLD) accountant.
     """),
     code("""
-        q, sigma, steps = 256 / 60000, 1.1, 14063
-        base = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+        q, sigma = 256 / 60000, 1.1
+        steps = acc.dpsgd_steps(60, q)  # 14063
+        base = acc.dpsgd_event(q, sigma, steps)  # SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)
 
         print(acc.report(base, delta=DELTA))
         eps_single = acc.epsilon(base, delta=DELTA)  # method="best": the tightest valid bound
@@ -159,7 +161,11 @@ NB01 = header("01_accounting", "Privacy accounting for hyperparameter tuning", "
         | `profile` | bounds on the privacy profile (δ as a function of ε) of the base run, computed with the PLD accountant | Koskela, Redberg & Wang, *Privacy Profiles for Private Selection* (ICML 2024): Thm 5.2 (truncated negative binomial), Cor 5.8 (Poisson) |
         | `profile-refined` | the same with a tighter, derived constant; shown, but `best` uses it only with `allow_refined=True` | derived from Koskela, Redberg & Wang |
         | `liu-talwar` | random stopping / threshold selection; needs a pure-DP base, so not applicable to DP-SGD | Liu & Talwar, *Private Selection from Private Candidates* (STOC 2019) |
+        | `pld` | composition of the K runs by privacy-loss distributions, mixed over K (joint convexity); exact for a fixed K, light-tailed K only | dp-accounting's PLD accountant |
         | `best` | the smallest ε over the methods that apply | |
+
+        Every method is a `dp_accounting.PrivacyAccountant` (`acc.make_accountant(method)`), and every
+        jaxdp event is a `DpEvent`, so a search composes with anything else you release (section 3).
 
         First the full report for K ~ Poisson with mean 10:
     """),
@@ -198,7 +204,8 @@ NB01 = header("01_accounting", "Privacy accounting for hyperparameter tuning", "
     """),
     md("""
         For comparison, the naive approach: a **fixed** number of runs K = E[K], every run accounted by
-        composition (a fixed K has no selection theorem, so only composition applies).
+        composition (a fixed K has no selection theorem; `best` uses dp-accounting's PLD composition,
+        exact for K runs).
     """),
     code("""
         eps_fixed = acc.epsilon(acc.RepeatAndSelect(base, acc.Fixed(MEAN)), delta=DELTA)
@@ -206,7 +213,30 @@ NB01 = header("01_accounting", "Privacy accounting for hyperparameter tuning", "
               f"({eps_fixed / eps_single:.2f} x one run)")
     """),
     md("""
-        ## 3. Inverse questions
+        ## 3. Tune, then train the final model
+
+        The usual release is the tuned run *and* a final model trained with the selected
+        hyperparameters. Both are `DpEvent`s, so `dp_accounting.ComposedDpEvent` composes them: RDP
+        curves add; the profile method composes through privacy-loss distributions.
+    """),
+    code("""
+        tune = acc.RepeatAndSelect(base, acc.Poisson(mean=MEAN))
+        release = dpa.ComposedDpEvent([tune, base])
+        for method in ("rdp", "profile"):
+            print(f"tune + final run, {method:<8}: epsilon = {acc.epsilon(release, DELTA, method):.3f}")
+        print(f"(tuning alone: {acc.epsilon(tune, DELTA):.3f}; final run alone: {eps_single:.3f})")
+    """),
+    md("""
+        ## 4. Inverse questions
+
+        **Which distribution of K, and how many candidates, does a budget afford?**
+        `acc.plan(base, epsilon=..., delta=...)` answers for each family (also
+        `jaxdp account --base ... --plan EPS` on the command line).
+    """),
+    code("""
+        print(acc.plan(base, epsilon=8.0, delta=DELTA))
+    """),
+    md("""
 
         **How many runs fit a budget?** `acc.max_mean(base, family, epsilon=..., delta=...)` returns the
         largest E[K] whose tuning still meets the target (a bisection on E[K]; the answer is always on
@@ -228,11 +258,6 @@ NB01 = header("01_accounting", "Privacy accounting for hyperparameter tuning", "
             m_rdp = acc.max_mean(base, family, epsilon=EPS_BUDGET, delta=DELTA, method="rdp")
             print(f"{name:<22}{m_best:>14.1f}{m_rdp:>14.1f}")
 
-        # Naive fixed K (composition): count up while the budget holds.
-        k = 0
-        while acc.epsilon(acc.RepeatAndSelect(base, acc.Fixed(k + 1)), delta=DELTA) <= EPS_BUDGET:
-            k += 1
-        print(f"{'fixed K (composition)':<22}{k:>14d}")
     """),
     md("""
         **How much noise does each run need?** `acc.calibrate_noise(sampling_prob, iterations,
@@ -257,7 +282,7 @@ NB01 = header("01_accounting", "Privacy accounting for hyperparameter tuning", "
                   f"({s / sigma:.2f} x), giving epsilon {check:.3f}")
     """),
     md("""
-        ## 4. ε as a function of E[K]
+        ## 5. ε as a function of E[K]
 
         Solid lines: `method="best"`; dashed: Papernot & Steinke's RDP bounds alone. The dotted black
         line is a fixed K accounted by composition, and the horizontal line the single run. For the
@@ -292,7 +317,7 @@ NB01 = header("01_accounting", "Privacy accounting for hyperparameter tuning", "
         plt.show()
     """),
     md("""
-        ## 5. What the privacy buys: expected quantile of the released run
+        ## 6. What the privacy buys: expected quantile of the released run
 
         Which E[K] is enough? Papernot & Steinke (Sec. 3.6) measure utility distribution-free: if each
         run's score is an independent draw, the released (best) run lies on average at quantile

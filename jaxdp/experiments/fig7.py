@@ -235,14 +235,14 @@ def main(argv: Optional[Sequence[str]] = None, profiles: Optional[dict] = None) 
   common.use_headless_matplotlib()
   profile = profiles[args.profile]
   from jaxdp.data import DatasetUnavailableError  # pylint: disable=g-import-not-at-top
-  from jaxdp.sweep import PoolMismatchError  # pylint: disable=g-import-not-at-top
+  from jaxdp.sweep import PoolLockedError, PoolMismatchError  # pylint: disable=g-import-not-at-top
   try:
     if args.dry_run:
       return dry_run(profile)
     out = common.check_writable_dir(args.out)
     pool_dir = args.pool_dir or os.path.join("runs", f"fig7-{profile.name}")
     manifest = run(profile, out, pool_dir, args.data_dir)
-  except (common.UsageError, PoolMismatchError, DatasetUnavailableError) as err:
+  except (common.UsageError, PoolMismatchError, PoolLockedError, DatasetUnavailableError) as err:
     print(f"error: {err}", file=sys.stderr)
     return 2
   print(f"wrote {os.path.join(out, 'fig7.png')} (+ .pdf, .csv, .json); wall time {manifest['wall_time_s']}")

@@ -18,13 +18,13 @@ from jaxdp.train.optimizers import dp_adam, dp_sgd
 from jaxdp.train.sampling import (default_padded_batch_size, poisson_batch_sum, poisson_mask,
                                   sampled_indices)
 from jaxdp.train.trainer import (OPTIMIZERS, CandidateResult, ExecutionConfig, HParams, LoopOutput,
-                                 LoopSpec, TrainConfig, build_evaluate, build_train_loop,
+                                 LoopSpec, NotPrivateWarning, TrainConfig, build_evaluate, build_train_loop,
                                  check_model_input, dp_event, epsilon, init_params,
                                  train_candidate)
 
 __all__ = [
     "OPTIMIZERS", "CandidateResult", "ClipState", "ExecutionConfig", "ExpectedBatchState",
-    "GaussianNoiseState", "HParams", "LoopOutput", "LoopSpec", "TrainConfig",
+    "GaussianNoiseState", "HParams", "LoopOutput", "LoopSpec", "NotPrivateWarning", "TrainConfig",
     "add_gaussian_noise", "build_evaluate", "build_train_loop", "check_model_input",
     "clip_factors", "clip_per_example", "clip_per_example_l2", "clipped_grad_sum",
     "default_padded_batch_size", "dp_adam", "dp_event", "dp_sgd", "epsilon", "init_params",

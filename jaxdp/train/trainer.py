@@ -34,6 +34,7 @@ import optax
 from dp_accounting import rdp
 
 from jaxdp import _validate
+from jaxdp.accounting import events as acc_events
 from jaxdp.data import Dataset
 from jaxdp.models import CONV_IMPLS, MODELS, get_activation, get_model
 from jaxdp.train.clipping import clipped_grad_sum
@@ -88,7 +89,7 @@ class TrainConfig:
     noise_multiplier: sigma >= 0. sigma = 0 adds no noise: the run is not
       differentially private (epsilon = inf) and construction warns with a
       `NotPrivateWarning`; useful only as a non-private baseline.
-    steps / epochs: exactly one; steps = round(epochs / q).
+    steps / epochs: exactly one; steps = ceil(epochs / q) (`jaxdp.accounting.dpsgd_steps`).
     target_delta: delta in (0, 1) at which epsilon is reported.
     l2_clip_norm: per-example clip norm C > 0 (the sensitivity; with sigma it
       sets the noise std sigma*C but does not change epsilon).
@@ -134,9 +135,6 @@ class TrainConfig:
       _validate.integer("steps", self.steps, low=1)
     else:
       _validate.real("epochs", self.epochs, low=0.0, low_open=True)
-      if self.num_steps < 1:
-        raise ValueError(f"epochs={self.epochs!r} with sampling_prob={self.sampling_prob!r} "
-                         f"gives round(epochs / q) = 0 steps; need >= 1")
     _validate.probability("target_delta", self.target_delta)
     _validate.real("learning_rate", self.learning_rate, low=0.0, low_open=True)
     if self.optimizer not in OPTIMIZERS:
@@ -157,7 +155,7 @@ class TrainConfig:
     """Planned number of DP steps."""
     if self.steps is not None:
       return int(self.steps)
-    return int(round(self.epochs / self.sampling_prob))
+    return acc_events.dpsgd_steps(self.epochs, self.sampling_prob)
 
   def hparams(self) -> "HParams":
     """The traced (vmappable) hyperparameters of this config."""
@@ -176,12 +174,9 @@ def dp_event(config: TrainConfig) -> dp_accounting.DpEvent:
     config: the run's configuration.
 
   Returns:
-    SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), steps).
+    `jaxdp.accounting.dpsgd_event(q, sigma, steps)`, the one DP-SGD event builder.
   """
-  return dp_accounting.SelfComposedDpEvent(
-      dp_accounting.PoissonSampledDpEvent(
-          config.sampling_prob, dp_accounting.GaussianDpEvent(config.noise_multiplier)),
-      config.num_steps)
+  return acc_events.dpsgd_event(config.sampling_prob, config.noise_multiplier, config.num_steps)
 
 
 def epsilon(config: TrainConfig) -> float:

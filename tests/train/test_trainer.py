@@ -156,6 +156,15 @@ def test_digits_cnn_reaches_85_percent_with_epsilon_below_8(digits):
   assert result.epsilon <= 8.0 and result.test_accuracy >= 0.85
 
 
+def test_epochs_use_the_one_step_rule(base_config):
+  # T = ceil(epochs / q) (jaxdp.accounting.dpsgd_steps): never fewer steps, never 0.
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  cfg = dataclasses.replace(base_config, steps=None, epochs=0.001)
+  assert cfg.num_steps == 1
+  cfg = dataclasses.replace(base_config, steps=None, epochs=60, sampling_prob=256 / 60000)
+  assert cfg.num_steps == 14063 and cfg.dp_event().count == 14063
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(sampling_prob=0.0), "sampling_prob"),
     (dict(sampling_prob=1.2), "sampling_prob"),
@@ -167,7 +176,7 @@ def test_digits_cnn_reaches_85_percent_with_epsilon_below_8(digits):
     (dict(steps=0), "steps"),
     (dict(steps=None), "exactly one of steps and epochs"),
     (dict(epochs=1.0), "exactly one of steps and epochs"),
-    (dict(steps=None, epochs=0.001), "0 steps"),
+    (dict(steps=None, epochs=0.0), "epochs"),
     (dict(target_delta=0.0), "target_delta"),
     (dict(optimizer="rmsprop"), "optimizer"),
     (dict(momentum=1.0), "momentum"),
