@@ -117,17 +117,7 @@ class LiuTalwarAccountant(base.Accountant):
   def get_delta(self, target_epsilon: float) -> float:
     return float(prof_lib.PureDpProfile(self._pure).delta(target_epsilon))
 
-  def _maybe_compose(self, event, count, do_compose) -> Optional[_Details]:
-    if isinstance(event, dpa.NoOpDpEvent):
-      return None
-    if isinstance(event, dpa.ComposedDpEvent):
-      for e in event.events:
-        err = self._maybe_compose(e, count, do_compose)
-        if err is not None:
-          return err
-      return None
-    if isinstance(event, dpa.SelfComposedDpEvent):
-      return self._maybe_compose(event.event, count * event.count, do_compose)
+  def _compose_part(self, event, count, do_compose) -> Optional[_Details]:
     found = self._bound(event)
     if isinstance(found, _Details):
       return found

@@ -81,20 +81,15 @@ class ProfileAccountant(base.Accountant):
 
   # ------------------------------------------------------------------ composition
 
+  def _unrolls(self, event) -> bool:
+    # dp-accounting-only self-compositions stay one part: one PLD (or the
+    # analytic Gaussian profile) for the whole run.
+    return not ev.is_dp_accounting_only(event)
+
   def _fresh(self) -> "ProfileAccountant":
     return ProfileAccountant(self.refined, self._orders, self._interval)
 
-  def _maybe_compose(self, event, count, do_compose) -> Optional[_Details]:
-    if isinstance(event, dpa.NoOpDpEvent):
-      return None
-    if isinstance(event, dpa.ComposedDpEvent):
-      for e in event.events:
-        err = self._maybe_compose(e, count, do_compose)
-        if err is not None:
-          return err
-      return None
-    if isinstance(event, dpa.SelfComposedDpEvent) and not ev.is_dp_accounting_only(event):
-      return self._maybe_compose(event.event, count * event.count, do_compose)
+  def _compose_part(self, event, count, do_compose) -> Optional[_Details]:
     err = self._why_not(event)
     if err is None and do_compose:
       self._parts.append((event, count))

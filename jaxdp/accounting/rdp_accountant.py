@@ -148,17 +148,7 @@ class RdpSelectionAccountant(base.Accountant):
     self._pure = None if (self._pure is None or pure is None) else self._pure + count * pure
     self._theorems.append(theorem)
 
-  def _maybe_compose(self, event, count, do_compose) -> Optional[_Details]:
-    if isinstance(event, dpa.NoOpDpEvent):
-      return None
-    if isinstance(event, dpa.ComposedDpEvent):
-      for e in event.events:
-        err = self._maybe_compose(e, count, do_compose)
-        if err is not None:
-          return err
-      return None
-    if isinstance(event, dpa.SelfComposedDpEvent):
-      return self._maybe_compose(event.event, count * event.count, do_compose)
+  def _compose_part(self, event, count, do_compose) -> Optional[_Details]:
     if isinstance(event, ev.ApproxDp) and event.delta > 0:
       return _Details(event, "an (eps, delta)-DP guarantee with delta > 0 bounds no Renyi "
                              "divergence; use method 'profile' or 'pld'")
