@@ -47,6 +47,7 @@ from jaxdp.accounting import _dpa
 from jaxdp.accounting import base
 from jaxdp.accounting import distributions as dist_lib
 from jaxdp.accounting import events as ev
+from jaxdp.accounting import rdp_accountant
 
 _Details = dpa.PrivacyAccountant.CompositionErrorDetails
 _ADD_REMOVE = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -176,12 +177,13 @@ class PldAccountant(base.Accountant):
 
   Args:
     value_discretization_interval: dp-accounting's PLD grid (losses rounded up:
-      pessimistic). Smaller is tighter and slower.
+      pessimistic). Smaller is tighter and slower. None (default): 1e-4, coarser
+      only when the composed privacy loss is large (see `_resolve_interval`).
     tail_tolerance: bound on the dropped mass P(K > k_max), added to every
       delta; default 1e-3 * PLD_DELTA_FLOOR (an absolute bound, hence
       at most 0.1% of any delta reported).
     max_terms: largest k_max (compositions of the base) accepted; a selection
-      needing more is unsupported (its reason says how many it needs).
+      needing more is unsupported (its reason says so).
     neighboring_relation: only ADD_OR_REMOVE_ONE is supported; others make
       every event unsupported (with the reason).
 
@@ -206,15 +208,15 @@ class PldAccountant(base.Accountant):
 
   method = "pld"
 
-  def __init__(self, value_discretization_interval: float = 1e-4, *,
+  def __init__(self, value_discretization_interval: Optional[float] = None, *,
                tail_tolerance: float = DEFAULT_TAIL_TOLERANCE,
                max_terms: int = DEFAULT_MAX_TERMS,
                neighboring_relation: dpa.NeighboringRelation = _ADD_REMOVE):
     # base.Accountant fixes add/remove-one; another relation is kept only so that
     # every event can be refused with the reason (see _maybe_compose).
     dpa.PrivacyAccountant.__init__(self, neighboring_relation)  # pylint: disable=non-parent-init-called
-    self._interval = _validate.real("value_discretization_interval", value_discretization_interval,
-                                    low=0.0, low_open=True)
+    self._interval = (None if value_discretization_interval is None else _validate.real(
+        "value_discretization_interval", value_discretization_interval, low=0.0, low_open=True))
     self._tail_tolerance = _validate.real("tail_tolerance", tail_tolerance, low=0.0, low_open=True,
                                           high=1.0, high_open=True)
     self._max_terms = _validate.integer("max_terms", max_terms, low=0)
@@ -229,7 +231,7 @@ class PldAccountant(base.Accountant):
   def theorem(self) -> str:
     if not (self._dpa_parts or self._dp_parts or self._selection):
       return "nothing composed"
-    text = f"PLD composition (dp-accounting, pessimistic, interval {self._interval:g})"
+    text = f"PLD composition (dp-accounting, pessimistic, interval {self._interval or _dpa.PLD_FINEST_INTERVAL:g})"
     if self._selection is not None:
       sel, k_max = self._selection
       text = (f"PLD composition, mixture over K ~ {sel.distribution!r} (joint convexity), "
@@ -343,6 +345,7 @@ class PldAccountant(base.Accountant):
 
   def _deterministic_pld(self):
     """(PLD, contains_non_private) of everything composed except a random-K selection."""
+    self._resolve_interval()
     if self._dpa_parts:
       parts = self._dpa_parts
       # One dp-accounting accountant on the same tree: bit-identical to its numbers.
@@ -364,7 +367,19 @@ class PldAccountant(base.Accountant):
       self._curve_cache = self._build_curve()
     return self._curve_cache
 
+  def _resolve_interval(self) -> None:
+    """Fix the discretisation before the first PLD: 1e-4 unless the composed privacy
+    loss is large. The loss range grows with epsilon, so an RDP-composition epsilon
+    at delta = 1e-10 (an upper bound of every part, selections included) over 5e5
+    keeps PLDs near the size of DP-SGD on MNIST; coarser is still pessimistic."""
+    if self._interval is not None:
+      return
+    acct = rdp_accountant.CompositionAccountant()
+    eps = acct.compose(self.ledger).get_epsilon(1e-10) if acct.supports(self.ledger) else math.inf
+    self._interval = max(_dpa.PLD_FINEST_INTERVAL, eps / 5e5) if math.isfinite(eps) else _dpa.PLD_FINEST_INTERVAL
+
   def _build_curve(self) -> _Curve:
+    self._resolve_interval()
     pld_e, non_private_e = self._deterministic_pld()
     if self._selection is None or non_private_e:
       return _Curve(pld_e, non_private=non_private_e)
