@@ -115,6 +115,7 @@ def _account(args) -> int:
     if args.repeat or args.epsilon is not None:
       raise ValueError("--plan chooses the distribution of K for a budget itself; drop --repeat/--epsilon")
     delta = 1e-5 if args.delta is None else args.delta
+    acc_validate.real("--plan", args.plan, low=0.0, low_open=True)
     result = acc.plan(base, epsilon=args.plan, delta=delta, method=args.method or "best",
                       allow_refined=refined)
     print(result.to_json() if args.json else str(result))

@@ -74,15 +74,6 @@ _WEIGHT_SLACK = 1e-12
 _TAIL_TERMS = 256
 
 
-def _as_selection(event) -> ev.RepeatAndSelect:
-  """Liu-Talwar random stopping is repeat-and-select with a (capped) geometric K."""
-  if isinstance(event, ev.RandomStopping):
-    if event.max_iterations is None:
-      return ev.RepeatAndSelect(event.base, dist_lib.Geometric(gamma=event.stop_prob))
-    return ev.RepeatAndSelect(event.base, dist_lib.CappedGeometric(event.stop_prob, event.max_iterations))
-  return event
-
-
 def _random_selections(event) -> int:
   """How many random-K selections `event` releases (SelfComposed counts multiply)."""
   if isinstance(event, dpa.ComposedDpEvent):
@@ -90,7 +81,7 @@ def _random_selections(event) -> int:
   if isinstance(event, dpa.SelfComposedDpEvent):
     return event.count * _random_selections(event.event)
   if isinstance(event, (ev.RepeatAndSelect, ev.RandomStopping)):
-    sel = _as_selection(event)
+    sel = rdp_accountant.as_repeat_and_select(event)
     inner = _random_selections(sel.base)
     if isinstance(sel.distribution, dist_lib.Fixed):
       return sel.distribution.k * inner
@@ -295,7 +286,8 @@ class PldAccountant(base.Accountant):
                                "K_1, K_2, ...; the mixture bound here takes one K: compose it once")
       return self._maybe_compose(event.event, count * event.count, do_compose)
     if isinstance(event, (ev.RepeatAndSelect, ev.RandomStopping)):
-      return self._maybe_compose_selection(_as_selection(event), event, count, do_compose)
+      sel = rdp_accountant.as_repeat_and_select(event)
+      return self._maybe_compose_selection(sel, event, count, do_compose)
     if isinstance(event, (ev.PureDp, ev.ApproxDp)):
       if do_compose and count > 0:
         self._dp_parts.append((event, count))

@@ -47,8 +47,11 @@ def check_orders(orders: Optional[Sequence[float]]) -> np.ndarray:
   return np.unique(_validate.real_array("orders", orders, low=1.0, low_open=True))
 
 
-def as_repeat_and_select(event: ev.RandomStopping) -> ev.RepeatAndSelect:
-  """Liu-Talwar random stopping is repeat-and-select with a (capped) geometric K."""
+def as_repeat_and_select(event) -> ev.RepeatAndSelect:
+  """Liu-Talwar random stopping is repeat-and-select with a (capped) geometric K
+  (a `RepeatAndSelect` is returned as it is)."""
+  if isinstance(event, ev.RepeatAndSelect):
+    return event
   if event.max_iterations is None:
     return ev.RepeatAndSelect(event.base, dist_lib.Geometric(gamma=event.stop_prob))
   return ev.RepeatAndSelect(event.base, dist_lib.CappedGeometric(event.stop_prob, event.max_iterations))
