@@ -24,7 +24,9 @@ import gzip
 import os
 import re
 import zlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import jax
 
 import numpy as np
 
@@ -53,50 +55,112 @@ class DatasetUnavailableError(RuntimeError):
 
 
 class DataSplit(NamedTuple):
-  """One split: float32 inputs (N, ...) and int32 labels (N,)."""
+  """One split of a labelled data set: inputs (N, ...) and integer labels (N,).
+
+  A NamedTuple, hence a pytree: it is one example of the batch pytrees a
+  `jaxdp.train.Task` trains on (its model reads `batch.inputs`).
+  """
   inputs: np.ndarray
   labels: np.ndarray
 
 
+def _split_size(split_name: str, split: Any) -> int:
+  """N of one split after checking that every leaf is a non-empty array with N leading."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(split)
+  if not leaves:
+    raise ValueError(f"{split_name} must be a pytree of arrays with the examples on the leading "
+                     f"axis (e.g. {{'x': inputs, 'y': labels}}), got {split!r:.80}")
+  sizes = {}
+  for path, leaf in leaves:
+    where = f"{split_name}{jax.tree_util.keystr(path)}"
+    shape = np.shape(leaf)
+    if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+      raise ValueError(f"{where} must be a NumPy or JAX array, got {type(leaf).__name__}")
+    if len(shape) < 1 or shape[0] == 0:
+      raise ValueError(f"{where} must have shape (N >= 1, ...), got {shape}")
+    if np.issubdtype(leaf.dtype, np.inexact) and not np.all(np.isfinite(np.asarray(leaf))):
+      raise ValueError(f"{where} must be finite (it holds NaN or inf)")
+    sizes[where] = shape[0]
+  if len(set(sizes.values())) > 1:
+    listed = ", ".join(f"{k}: {v}" for k, v in sizes.items())
+    raise ValueError(f"the leaves of {split_name} disagree on N, the number of examples on the "
+                     f"leading axis ({listed}); every leaf must hold one row per example")
+  return next(iter(sizes.values()))
+
+
+def _example_structure(split: Any):
+  return jax.tree.structure(split), [tuple(np.shape(x))[1:] for x in jax.tree.leaves(split)]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class Dataset:
-  """A private training split plus a public test split.
+  """Private training data plus the data that candidates are scored on.
+
+  Every split is a pytree of arrays (a dict, a tuple, a `DataSplit`, ...)
+  whose leaves all hold the same number of examples N on their leading axis.
 
   Attributes:
-    name: dataset name.
-    train: private training data.
-    test: public data used to score a trained model.
-    num_classes: labels are in [0, num_classes).
+    train: the private training data. Only DP training reads it; no score
+      ever does.
+    test: public data (or None). A plain score function (and the reported
+      test loss) reads it; nothing computed on it is accounted, so it must
+      really be public, e.g. a separate public test set as in the papers.
+    private_validation: private held-out data (or None). Only a DP score
+      (`jaxdp.train.NoisyMean`, `jaxdp.train.DpScore`) reads it, and its
+      DpEvent is composed into every candidate's.
+    name: a label for messages and results.
+    num_classes: for labelled `DataSplit`s, labels are checked to lie in
+      [0, num_classes); None skips the check.
   """
-  name: str
-  train: DataSplit
-  test: DataSplit
-  num_classes: int
+  train: Any
+  test: Any = None
+  private_validation: Any = None
+  name: str = "data"
+  num_classes: int | None = None
 
   def __post_init__(self):
-    _validate.integer("num_classes", self.num_classes, low=2)
-    for split_name in SPLITS:
+    if self.num_classes is not None:
+      _validate.integer("num_classes", self.num_classes, low=2)
+    if self.train is None:
+      raise ValueError("train must be given: the private training data")
+    for split_name in ("train", "test", "private_validation"):
       split = getattr(self, split_name)
-      x, y = np.asarray(split.inputs), np.asarray(split.labels)
-      if x.ndim < 2 or x.shape[0] == 0:
-        raise ValueError(f"{split_name}.inputs must have shape (N >= 1, ...), got {x.shape}")
-      if y.shape != (x.shape[0],):
-        raise ValueError(f"{split_name}.labels must have shape ({x.shape[0]},), got {y.shape}")
-      if not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"{split_name}.labels must be integers, got dtype {y.dtype}")
-      if y.min() < 0 or y.max() >= self.num_classes:
-        raise ValueError(f"{split_name}.labels must be in [0, {self.num_classes}), got "
-                         f"range [{y.min()}, {y.max()}]")
-      if not np.all(np.isfinite(x)):
-        raise ValueError(f"{split_name}.inputs must be finite")
-    if self.train.inputs.shape[1:] != self.test.inputs.shape[1:]:
-      raise ValueError(f"train and test inputs must share a shape, got "
-                       f"{self.train.inputs.shape[1:]} and {self.test.inputs.shape[1:]}")
+      if split is None:
+        continue
+      _split_size(split_name, split)
+      if isinstance(split, DataSplit):
+        self._check_labels(split_name, split)
+    reference = _example_structure(self.train)
+    for split_name in ("test", "private_validation"):
+      split = getattr(self, split_name)
+      if split is not None and _example_structure(split) != reference:
+        raise ValueError(f"train and {split_name} must share a shape per example (same pytree, same "
+                         f"trailing shapes), got {reference} and {_example_structure(split)}")
+
+  def _check_labels(self, split_name: str, split: DataSplit) -> None:
+    y = np.asarray(split.labels)
+    n = np.shape(split.inputs)[0]
+    if np.ndim(split.inputs) < 2:
+      raise ValueError(f"{split_name}.inputs must have shape (N >= 1, ...), got {np.shape(split.inputs)}")
+    if y.shape != (n,):
+      raise ValueError(f"{split_name}.labels must have shape ({n},), got {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer):
+      raise ValueError(f"{split_name}.labels must be integers, got dtype {y.dtype}")
+    if self.num_classes is not None and (y.min() < 0 or y.max() >= self.num_classes):
+      raise ValueError(f"{split_name}.labels must be in [0, {self.num_classes}), got "
+                       f"range [{y.min()}, {y.max()}]")
+
+  @property
+  def num_examples(self) -> int:
+    """N, the number of training examples (treated as public)."""
+    return _split_size("train", self.train)
 
   @property
   def input_shape(self) -> tuple[int, ...]:
-    """Shape of one example."""
-    return tuple(self.train.inputs.shape[1:])
+    """Shape of one example's inputs (`DataSplit` training data only)."""
+    if not isinstance(self.train, DataSplit):
+      raise ValueError(f"input_shape needs DataSplit training data, got {type(self.train).__name__}")
+    return tuple(np.shape(self.train.inputs)[1:])
 
 
 def _standardise(name: str, images: np.ndarray) -> np.ndarray:

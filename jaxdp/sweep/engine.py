@@ -1,17 +1,19 @@
-"""Train many DP-SGD candidates inside one compiled program.
+"""Train many DP-SGD candidates of any task inside one compiled program.
 
-Candidates that share every static property (model, sampling rate -> padded
-batch, number of steps, optimizer, ...: a `LoopSpec`) form a group. Within a
-group the per-candidate hyperparameters (learning rate, clip norm, noise
-multiplier, weight decay) and PRNG keys are arrays with a leading candidate
-axis: the trainer's pure inner loop is `vmap`ped over that axis, and the axis
-is split across all devices with `shard_map`. Groups are cut into chunks of
+Candidates that share every static property (task, static hyperparameters
+such as model width or optimizer name, sampling rate -> padded batch, number
+of steps, data shapes: a `LoopSpec`) form a group. Within a group the traced
+hyperparameters (clip norm and noise multiplier in the `DpSgdPlan`, and every
+float the task's optimizer reads: learning rate, weight decay, ...) and the
+PRNG keys are arrays with a leading candidate axis: the trainer's pure
+program is `vmap`ped over that axis, and the axis is split across all devices
+with `shard_map`. Groups are cut into chunks of
 `n_devices * candidates_per_device`; the last chunk is padded with copies so
 every chunk reuses one compilation.
 
 On CPUs XLA's convolutions batch poorly over a parameter axis, so the
-automatic default there is one candidate per device and the parallelism comes
-from the devices: start Python with
+automatic default there is one candidate per device for models with
+convolutions and the parallelism comes from the devices: start Python with
 `XLA_FLAGS=--xla_force_host_platform_device_count=<cores>` (the experiments do
 this) to expose each core as a device. On accelerators the default packs as
 many candidates per device as fit a quarter of its memory.
@@ -36,58 +38,52 @@ from jaxdp.data import Dataset
 from jaxdp.sweep.space import Candidate
 from jaxdp.train import trainer as tr
 
-_TINY_MODELS = ("logreg", "mlp")
+
+def _group_key(cand: Candidate, data: Dataset) -> tr.LoopSpec:
+  return tr.LoopSpec.from_config(cand.config, data)
 
 
-def _group_key(cand: Candidate, data: Dataset):
-  spec = tr.LoopSpec.from_config(cand.config, data)
-  return spec, cand.config.execution.eval_batch_size
+def _num_params(spec: tr.LoopSpec, train) -> int:
+  shapes = jax.eval_shape(functools.partial(tr.init_params, spec), jax.random.key(0), train)
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
 
 
-def auto_candidates_per_device(spec: tr.LoopSpec, device: jax.Device) -> int:
+def _has_conv(spec: tr.LoopSpec, train) -> bool:
+  # Parameters of rank > 2 are convolution kernels.
+  shapes = jax.eval_shape(functools.partial(tr.init_params, spec), jax.random.key(0), train)
+  return any(len(x.shape) > 2 for x in jax.tree.leaves(shapes))
+
+
+def auto_candidates_per_device(spec: tr.LoopSpec, device: jax.Device, train) -> int:
   """How many candidates one device trains at once when the caller does not say.
 
-  CPU: 1 (vmap over a parameter axis is slower than running candidates on
-  separate host devices), except tiny dense models, which batch well. Other
-  platforms: as many as fit a quarter of the device memory, estimating one
-  candidate as its per-example gradients for a microbatch plus optimizer state.
+  CPU: 1 for models with convolutions (vmap over a parameter axis is slower
+  than running candidates on separate host devices), 8 for dense models,
+  which batch well. Other platforms: as many as fit a quarter of the device
+  memory, estimating one candidate as its per-example gradients for a
+  microbatch plus optimizer state.
   """
   if device.platform == "cpu":
-    return 8 if spec.model in _TINY_MODELS else 1
-  shapes = jax.eval_shape(functools.partial(tr.init_params, spec), jax.random.key(0))
-  n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
-  per_candidate = 4 * n_params * (spec.microbatch_size + 8)
+    return 1 if _has_conv(spec, train) else 8
+  per_candidate = 4 * _num_params(spec, train) * (spec.microbatch_size + 8)
   stats = device.memory_stats() or {}
   budget = stats.get("bytes_limit", 8 << 30) // 4
   return int(max(1, min(256, budget // max(per_candidate, 1))))
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled_batch(spec: tr.LoopSpec, eval_batch_size: int, devices: tuple):
-  loop = tr.build_train_loop(spec)
-  evaluate = tr.build_evaluate(spec, eval_batch_size)
-
-  def one(hparams, key, x, y, test_x, test_y):
-    # Same key use as `train_candidate`, so a batched candidate equals a lone
-    # run given `candidate.key()`.
-    init_key, loop_key = jax.random.split(key)
-    out = loop(tr.init_params(spec, init_key), hparams, loop_key, x, y)
-    accuracy, loss = evaluate(out.params, test_x, test_y)
-    return out, accuracy, loss
-
-  fn = jax.vmap(one, in_axes=(0, 0, None, None, None, None))
+def _compiled_batch(spec: tr.LoopSpec, devices: tuple):
+  # The very program `train_candidate` runs, vmapped: a batched candidate
+  # equals a lone run given `candidate.key()`.
+  fn = jax.vmap(functools.partial(tr.run_candidate, spec), in_axes=(0, 0, 0, None, None, None))
   if len(devices) > 1:
     mesh = Mesh(np.array(devices), ("candidates",))
     # Each device trains its own candidates; nothing crosses devices, so the
     # replication checks (which reject the init params in the loop carry) are off.
-    fn = jax.shard_map(fn, mesh=mesh, in_specs=(P("candidates"), P("candidates"), P(), P(), P(), P()),
+    fn = jax.shard_map(fn, mesh=mesh, in_specs=(P("candidates"), P("candidates"), P("candidates"),
+                                                P(), P(), P()),
                        out_specs=P("candidates"), check_vma=False)
   return jax.jit(fn)
-
-
-@functools.lru_cache(maxsize=256)
-def _epsilon_of(config: tr.TrainConfig) -> float:
-  return tr.epsilon(config)
 
 
 def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
@@ -99,7 +95,8 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
 
   Args:
     candidates: the candidates (grid point, config, seed).
-    data: training data (private) and test data (public, used for the score).
+    data: a `jaxdp.data.Dataset`: private train split; the score reads the
+      public test split (or, for a DP score, the private validation split).
     max_candidates_per_device: candidates vmapped on one device at once; None
       picks `auto_candidates_per_device`.
     devices: devices to shard the candidate axis over (default: all).
@@ -112,11 +109,10 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
     One `jaxdp.train.CandidateResult` per candidate; `wall_time_s` is the
     chunk's wall time divided by its number of candidates.
   """
-  if not isinstance(data, Dataset):
-    raise ValueError(f"data must be a jaxdp.data.Dataset, got {type(data).__name__}")
   for c in candidates:
     if not isinstance(c, Candidate):
       raise ValueError(f"candidates must be Candidate objects, got {type(c).__name__}")
+    tr.check_data(c.config.task, data)
   if max_candidates_per_device is not None:
     _validate.integer("max_candidates_per_device", max_candidates_per_device, low=1)
   devices = tuple(devices) if devices is not None else tuple(jax.devices())
@@ -127,40 +123,38 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
   for i, cand in enumerate(candidates):
     groups.setdefault(_group_key(cand, data), []).append(i)
 
-  train_x = jnp.asarray(data.train.inputs, jnp.float32)
-  train_y = jnp.asarray(data.train.labels, jnp.int32)
-  test_x = jnp.asarray(data.test.inputs, jnp.float32)
-  test_y = jnp.asarray(data.test.labels, jnp.int32)
+  train, test, validation = tr.device_splits(data)
+  n = data.num_examples
   results: list = [None] * len(candidates)
   bar = tqdm(total=len(candidates), disable=not progress, desc="candidates", unit="cand")
-  for (spec, eval_bs), idx in groups.items():
-    tr.check_model_input(spec)
-    per_dev = max_candidates_per_device or auto_candidates_per_device(spec, devices[0])
+  for spec, idx in groups.items():
+    tr.check_task(spec, data)
+    per_dev = max_candidates_per_device or auto_candidates_per_device(spec, devices[0], train)
     per_dev = min(per_dev, math.ceil(len(idx) / len(devices)))
     chunk = per_dev * len(devices)
-    fn = _compiled_batch(spec, eval_bs, devices)
+    fn = _compiled_batch(spec, devices)
     for start in range(0, len(idx), chunk):
       part = idx[start:start + chunk]
       padded = part + [part[-1]] * (chunk - len(part))
       t0 = time.perf_counter()
-      hps = [candidates[i].config.hparams() for i in padded]
-      hparams = tr.HParams(*(jnp.stack(x) for x in zip(*hps)))
+      configs = [candidates[i].config for i in padded]
+      plans = [c.plan(n) for c in configs]
+      plan = jax.tree.map(lambda *xs: jnp.asarray(xs, jnp.float32), *plans)
+      traced = {name: jnp.asarray([c.hparams[name] for c in configs], jnp.float32)
+                for name in spec.traced_names}
       # Keyed by (grid point, seed): equal seeds at two points must not share noise.
       keys = jnp.stack([candidates[i].key() for i in padded])
-      out, accuracy, loss = fn(hparams, keys, train_x, train_y, test_x, test_y)
-      accuracy, loss = np.asarray(accuracy), np.asarray(loss)
-      finite, steps = np.asarray(out.finite), np.asarray(out.steps)
+      out, score, test_score, test_loss = fn(plan, traced, keys, train, test, validation)
+      out = jax.tree.map(np.asarray, out) if keep_params else tr.LoopOutput(
+          params=None, steps=np.asarray(out.steps), finite=np.asarray(out.finite))
+      score, test_score, test_loss = np.asarray(score), np.asarray(test_score), np.asarray(test_loss)
       elapsed = (time.perf_counter() - t0) / len(part)
       done = []
       for j, i in enumerate(part):
-        cfg = candidates[i].config
-        diverged = not (bool(finite[j]) and math.isfinite(float(loss[j])))
-        acc_j = float("nan") if diverged else float(accuracy[j])
         params = jax.tree.map(lambda leaf, j=j: leaf[j], out.params) if keep_params else None
-        results[i] = tr.CandidateResult(
-            score=acc_j, test_accuracy=acc_j, test_loss=float("nan") if diverged else float(loss[j]),
-            steps=int(steps[j]), planned_steps=cfg.num_steps, epsilon=_epsilon_of(cfg),
-            delta=float(cfg.target_delta), diverged=diverged, wall_time_s=elapsed, params=params)
+        one = tr.LoopOutput(params=params, steps=out.steps[j], finite=out.finite[j])
+        results[i] = tr.result_of(candidates[i].config, n, one, score[j], test_score[j], test_loss[j],
+                                  elapsed, params=params)
         done.append((candidates[i], results[i]))
       if on_chunk is not None:
         on_chunk(done)

@@ -47,8 +47,9 @@ RESULTS = "results.jsonl"
 QUARANTINE = RESULTS + ".quarantine"
 LOCK = ".writer.lock"
 #: 1: unchecked JSON lines, candidate key = key(seed). 2: sha256 per record,
-#: candidate key from (point, seed).
-POOL_FORMAT = 2
+#: candidate key from (point, seed). 3: any task; records hold `test_score`
+#: (was `test_accuracy`) and `score_source`.
+POOL_FORMAT = 3
 _CHECKSUM = "sha256"
 _RESERVED = "jaxdp_pool"
 
@@ -389,14 +390,19 @@ class ResultPool:
     self._records.extend({k: _from_json(v) for k, v in r.items()} for r in normal)
 
 
-def record_of(candidate: Candidate, result) -> dict:
-  """The pool record of a trained candidate (no parameters)."""
+def record_of(candidate: Candidate, result, num_examples: Optional[int] = None) -> dict:
+  """The pool record of a trained candidate (no parameters).
+
+  `num_examples` (the training set size) is needed for configs that give an
+  expected `batch_size` (their DpEvent depends on N).
+  """
   return {
       "id": candidate.id, "point": dict(candidate.point), "seed": candidate.seed,
-      "score": result.score, "test_accuracy": result.test_accuracy, "test_loss": result.test_loss,
+      "score": result.score, "test_score": result.test_score, "test_loss": result.test_loss,
+      "score_source": result.score_source,
       "steps": result.steps, "planned_steps": result.planned_steps, "diverged": result.diverged,
       "epsilon": result.epsilon, "delta": result.delta, "wall_time_s": result.wall_time_s,
-      "dp_event": repr(candidate.config.dp_event()),
+      "dp_event": repr(candidate.config.dp_event(num_examples)),
   }
 
 
@@ -430,5 +436,6 @@ def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: 
     if todo:
       train = trainer or engine.train_candidates
       train(todo, data, progress=progress,
-            on_chunk=lambda chunk: pool.append(record_of(c, r) for c, r in chunk), **engine_kwargs)
+            on_chunk=lambda chunk: pool.append(record_of(c, r, data.num_examples) for c, r in chunk),
+            **engine_kwargs)
   return pool

@@ -1,7 +1,10 @@
 """Search spaces and candidates: what a sweep trains.
 
-A search space is a finite grid of hyperparameter values around a base
-`TrainConfig` (random search in the papers draws uniformly from such a grid).
+A search space is a finite grid of values around a base `TrainConfig`
+(random search in the papers draws uniformly from such a grid). A grid may
+vary any config field (C, sigma, q or expected batch size, steps or epochs)
+and any hyperparameter the task reads (learning rate, any optimizer
+argument, model width, ...).
 A candidate is one grid point plus a seed; its identity is a hash of both, so
 a pool on disk can tell which candidates are already trained.
 
@@ -27,11 +30,6 @@ import numpy as np
 from jaxdp import _validate
 from jaxdp.train import TrainConfig
 
-#: Hyperparameters a search space may vary (TrainConfig fields).
-TUNABLE = ("learning_rate", "l2_clip_norm", "noise_multiplier", "weight_decay", "sampling_prob",
-           "steps", "epochs", "optimizer", "momentum", "model", "activation")
-
-
 def _plain(value):
   if isinstance(value, (np.integer,)):
     return int(value)
@@ -46,8 +44,10 @@ class SearchSpace:
 
   Args:
     base: the configuration every candidate starts from.
-    grid: hyperparameter name -> non-empty sequence of values (names from
-      `TUNABLE`). Values are checked by building every `TrainConfig`.
+    grid: name -> non-empty sequence of values. A name is a
+      `TrainConfig` field (`jaxdp.train.CONFIG_FIELDS`) or a hyperparameter
+      the task reads; values are checked by building every `TrainConfig`
+      (which builds the task's model and optimizer for them).
     derive: optional `TrainConfig -> TrainConfig` applied to every grid point,
       for settings that depend on others (e.g. sigma calibrated per sampling
       rate and epochs, Koskela & Kulkarni Sec. 4.1).
@@ -64,8 +64,8 @@ class SearchSpace:
       raise ValueError(f"grid must be a non-empty mapping name -> values, got {self.grid!r}")
     grid = {}
     for name, values in self.grid.items():
-      if name not in TUNABLE:
-        raise ValueError(f"unknown hyperparameter {name!r}; tunable: {', '.join(TUNABLE)}")
+      if not isinstance(name, str):
+        raise ValueError(f"grid names must be strings, got {name!r}")
       if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) and not isinstance(values, np.ndarray):
         raise ValueError(f"grid[{name!r}] must be a sequence of values, got {values!r}")
       values = tuple(_plain(v) for v in values)
@@ -74,6 +74,8 @@ class SearchSpace:
       grid[name] = values
     if "steps" in grid and "epochs" in grid:
       raise ValueError("grid may vary steps or epochs, not both")
+    if "sampling_prob" in grid and "batch_size" in grid:
+      raise ValueError("grid may vary sampling_prob or batch_size, not both")
     if self.derive is not None and not callable(self.derive):
       raise ValueError(f"derive must be a callable TrainConfig -> TrainConfig, got {self.derive!r}")
     object.__setattr__(self, "grid", grid)
@@ -85,12 +87,10 @@ class SearchSpace:
       yield dict(zip(names, combo))
 
   def _build(self, point: dict) -> TrainConfig:
-    changes = dict(point)
-    if "steps" in changes:
-      changes["epochs"] = None
-    if "epochs" in changes:
-      changes["steps"] = None
-    config = dataclasses.replace(self.base, **changes)
+    try:
+      config = self.base.replace(**point)
+    except ValueError as err:
+      raise ValueError(f"grid point {point}: {err}") from err
     if self.derive is None:
       return config
     derived = self.derive(config)
@@ -111,11 +111,11 @@ class SearchSpace:
   def __len__(self) -> int:
     return len(self.configs)
 
-  def events(self) -> list:
-    """The distinct DpEvents of the grid's configurations."""
+  def events(self, num_examples: Optional[int] = None) -> list:
+    """The distinct DpEvents of the grid's configurations (N needed with `batch_size`)."""
     seen = []
     for c in self.configs:
-      ev = c.dp_event()
+      ev = c.dp_event(num_examples)
       if ev not in seen:
         seen.append(ev)
     return seen

@@ -1,33 +1,42 @@
-"""DP-SGD training: per-example clipping, Gaussian noise, Poisson sampling, runs.
+"""DP-SGD training of any task: per-example clipping, Gaussian noise, Poisson sampling, runs.
 
-Composable pieces:
+  task         Task (any Flax module / init-apply pair, per-example loss over
+               a batch pytree, score, optax optimizer factory), Model,
+               HParams, the DP scores NoisyMean and DpScore.
+  presets      the papers' classifiers as ready-made tasks.
+  plan         DpSgdPlan: clipped gradients carrying their sensitivity, the
+               noise that reads it, Poisson sampling and the DpEvent, from
+               one object.
   clipping     per_example_grads, clip_per_example, clipped_grad_sum and the
                optax transform clip_per_example_l2.
   noise        add_gaussian_noise, normalize_by_expected_batch_size (optax).
-  optimizers   dp_sgd, dp_adam (optax chains over clipped gradient sums).
   sampling     Poisson subsampling with static padded shapes.
-  trainer      TrainConfig, train_candidate, dp_event and the pure inner loop.
+  trainer      TrainConfig, train_candidate and the pure inner loop.
 """
 
+from jaxdp.train import presets
 from jaxdp.train.clipping import (ClipState, clip_factors, clip_per_example, clip_per_example_l2,
                                   clipped_grad_sum, per_example_global_norms, per_example_grads,
                                   weighted_sum)
 from jaxdp.train.noise import (ExpectedBatchState, GaussianNoiseState, add_gaussian_noise,
                                normalize_by_expected_batch_size)
-from jaxdp.train.optimizers import dp_adam, dp_sgd
+from jaxdp.train.plan import ClippedGrad, DpSgdPlan
 from jaxdp.train.sampling import (default_padded_batch_size, poisson_batch_sum, poisson_mask,
                                   sampled_indices)
-from jaxdp.train.trainer import (OPTIMIZERS, CandidateResult, ExecutionConfig, HParams, LoopOutput,
-                                 LoopSpec, NotPrivateWarning, TrainConfig, build_evaluate, build_train_loop,
-                                 check_model_input, dp_event, epsilon, init_params,
+from jaxdp.train.task import (DpScore, HParams, Model, NoisyMean, Task, keep_hparams,
+                              scale_learning_rate)
+from jaxdp.train.trainer import (CONFIG_FIELDS, CandidateResult, ExecutionConfig, LoopOutput,
+                                 LoopSpec, NotPrivateWarning, TrainConfig, build_evaluate,
+                                 build_train_loop, check_task, dp_event, epsilon, init_params,
                                  train_candidate)
 
 __all__ = [
-    "OPTIMIZERS", "CandidateResult", "ClipState", "ExecutionConfig", "ExpectedBatchState",
-    "GaussianNoiseState", "HParams", "LoopOutput", "LoopSpec", "NotPrivateWarning", "TrainConfig",
-    "add_gaussian_noise", "build_evaluate", "build_train_loop", "check_model_input",
-    "clip_factors", "clip_per_example", "clip_per_example_l2", "clipped_grad_sum",
-    "default_padded_batch_size", "dp_adam", "dp_event", "dp_sgd", "epsilon", "init_params",
-    "normalize_by_expected_batch_size", "per_example_global_norms", "per_example_grads",
-    "poisson_batch_sum", "poisson_mask", "sampled_indices", "train_candidate", "weighted_sum",
+    "CONFIG_FIELDS", "CandidateResult", "ClipState", "ClippedGrad", "DpScore", "DpSgdPlan",
+    "ExecutionConfig", "ExpectedBatchState", "GaussianNoiseState", "HParams", "LoopOutput",
+    "LoopSpec", "Model", "NoisyMean", "NotPrivateWarning", "Task", "TrainConfig",
+    "add_gaussian_noise", "build_evaluate", "build_train_loop", "check_task", "clip_factors",
+    "clip_per_example", "clip_per_example_l2", "clipped_grad_sum", "default_padded_batch_size",
+    "dp_event", "epsilon", "init_params", "keep_hparams", "normalize_by_expected_batch_size",
+    "per_example_global_norms", "per_example_grads", "poisson_batch_sum", "poisson_mask",
+    "presets", "sampled_indices", "scale_learning_rate", "train_candidate", "weighted_sum",
 ]

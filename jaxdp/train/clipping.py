@@ -16,29 +16,28 @@ import jax.numpy as jnp
 import optax
 
 PyTree = Any
-# loss_fn(params, inputs, labels) -> per-example losses of shape (batch,).
-LossFn = Callable[[PyTree, jax.Array, jax.Array], jax.Array]
+# loss_fn(params, batch) -> per-example losses of shape (b,); `batch` is any
+# pytree whose leaves have the b examples on their leading axis.
+LossFn = Callable[[PyTree, PyTree], jax.Array]
 
 
-def per_example_grads(loss_fn: LossFn, params: PyTree, inputs: jax.Array,
-                      labels: jax.Array) -> tuple[PyTree, jax.Array]:
+def per_example_grads(loss_fn: LossFn, params: PyTree, batch: PyTree) -> tuple[PyTree, jax.Array]:
   """Per-example gradients via `jax.vmap` of `jax.value_and_grad`.
 
   Args:
-    loss_fn: maps (params, inputs, labels) with a leading batch axis to the
-      per-example losses, shape (batch,).
+    loss_fn: maps (params, batch) with a leading example axis on every leaf
+      of `batch` to the per-example losses, shape (b,).
     params: parameter tree.
-    inputs: (batch, ...) model inputs.
-    labels: (batch,) labels.
+    batch: pytree of arrays, b examples on the leading axis.
 
   Returns:
     (grads, losses): `grads` has every leaf of `params` with a leading batch
-    axis; `losses` has shape (batch,).
+    axis; `losses` has shape (b,).
   """
-  def single(p, x, y):
+  def single(p, example):
     # One example becomes a batch of one, so models never see unbatched input.
-    return loss_fn(p, x[None], y[None])[0]
-  losses, grads = jax.vmap(jax.value_and_grad(single), in_axes=(None, 0, 0))(params, inputs, labels)
+    return loss_fn(p, jax.tree.map(lambda leaf: leaf[None], example))[0]
+  losses, grads = jax.vmap(jax.value_and_grad(single), in_axes=(None, 0))(params, batch)
   return grads, losses
 
 
@@ -116,8 +115,8 @@ def weighted_sum(grads: PyTree, weights: jax.Array, norms: jax.Array | None = No
   return jax.lax.cond(jnp.all(jnp.isfinite(norms)), lambda: dot(grads), sanitised)
 
 
-def clipped_grad_sum(loss_fn: LossFn, params: PyTree, inputs: jax.Array, labels: jax.Array,
-                     mask: jax.Array, l2_clip_norm: jax.Array) -> tuple[PyTree, jax.Array]:
+def clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask: jax.Array,
+                     l2_clip_norm: jax.Array) -> tuple[PyTree, jax.Array]:
   """Sum over the unmasked examples of their clipped gradients.
 
   Masked rows (padding) contribute exactly zero whatever their content.
@@ -125,15 +124,14 @@ def clipped_grad_sum(loss_fn: LossFn, params: PyTree, inputs: jax.Array, labels:
   Args:
     loss_fn: per-example loss function, see `per_example_grads`.
     params: parameter tree.
-    inputs: (batch, ...) inputs.
-    labels: (batch,) labels.
-    mask: (batch,) boolean, True for rows that belong to the sampled batch.
+    batch: pytree of arrays with b examples on the leading axis.
+    mask: (b,) boolean, True for rows that belong to the sampled batch.
     l2_clip_norm: clip norm C > 0.
 
   Returns:
     (summed clipped gradient tree, number of unmasked rows as float32).
   """
-  grads, _ = per_example_grads(loss_fn, params, inputs, labels)
+  grads, _ = per_example_grads(loss_fn, params, batch)
   norms = per_example_global_norms(grads)
   factors = jnp.where(mask, clip_factors(norms, l2_clip_norm), 0.0)
   return weighted_sum(grads, factors, norms), jnp.sum(mask.astype(jnp.float32))

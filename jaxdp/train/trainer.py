@@ -1,20 +1,22 @@
-"""One DP-SGD / DP-Adam candidate run: config, pure inner loop, thin wrapper.
+"""One DP-SGD candidate run of any `Task`: config, pure inner loop, thin wrapper.
 
 The inner loop (`build_train_loop`) is a pure, jittable function of
-(params, HParams, key, train inputs, train labels) with every shape static, so a
-sweep engine can `jax.vmap` it over a candidate axis of `HParams` and keys.
-`train_candidate` only validates, compiles (cached per static structure),
-runs, evaluates on the public test set and accounts.
+(params, DpSgdPlan, traced hyperparameters, key, training batch pytree) with
+every shape static, so a sweep engine can `jax.vmap` it over a candidate axis
+of plans, hyperparameters and keys. `train_candidate` only validates,
+compiles (cached per static structure), runs, scores and accounts.
 
-Privacy: each step samples every training example independently with
+Privacy: every step samples each training example independently with
 probability q and processes all of them (see `jaxdp.train.sampling`); the
-accounted event is exactly `dp_event(config)`.  A run that diverges stops
-early; its reported epsilon is still that of the planned number of steps,
-which upper-bounds what ran (the stopping time depends only on the privatised
-parameters).  The dataset size N is treated as public: every update is
-divided by the expected batch size q*N (README, "Privacy assumptions").
-A config with noise_multiplier = 0 is not private at all (epsilon = inf) and
-warns with `NotPrivateWarning` when it is built.
+accounted event is `config.dp_event(N)`, built from the same `DpSgdPlan` that
+clips, noises, samples and counts the steps (plus the DP score's event when
+the task scores privately). A run that diverges stops early; its reported
+epsilon is still that of the planned number of steps, which upper-bounds what
+ran (the stopping time depends only on the privatised parameters). The
+dataset size N is treated as public: every update is divided by the expected
+batch size q*N, and an expected `batch_size` b means q = b/N (README,
+"Privacy assumptions"). A config with noise_multiplier = 0 is not private at
+all (epsilon = inf) and warns with `NotPrivateWarning` when it is built.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import functools
 import math
 import time
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import dp_accounting
 import jax
@@ -36,13 +38,11 @@ from dp_accounting import rdp
 from jaxdp import _validate
 from jaxdp.accounting import events as acc_events
 from jaxdp.data import Dataset
-from jaxdp.models import CONV_IMPLS, MODELS, get_activation, get_model
-from jaxdp.train.clipping import clipped_grad_sum
-from jaxdp.train.optimizers import dp_adam, dp_sgd
-from jaxdp.train.sampling import default_padded_batch_size, poisson_batch_sum, validate_batch_sizes
+from jaxdp.train.plan import DpSgdPlan
+from jaxdp.train.sampling import default_padded_batch_size, validate_batch_sizes
+from jaxdp.train.task import HParams, Task, check_scalar, real_hparam
 
 PyTree = Any
-OPTIMIZERS = ("sgd", "adam")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,14 +55,11 @@ class ExecutionConfig:
       processed by extra microbatches.
     microbatch_size: rows per vectorised per-example-gradient call (bounds
       memory); None means the whole padded batch at once.
-    eval_batch_size: rows per call when scoring the test set.
-    conv_impl: convolution lowering, 'im2col' (fast per-example gradients) or
-      'native'.
+    eval_batch_size: rows per model call when scoring.
   """
   padded_batch_size: int | None = None
   microbatch_size: int | None = None
   eval_batch_size: int = 1000
-  conv_impl: str = "im2col"
 
   def __post_init__(self):
     if self.padded_batch_size is not None:
@@ -72,54 +69,60 @@ class ExecutionConfig:
     if self.padded_batch_size is not None and self.microbatch_size is not None:
       validate_batch_sizes(self.padded_batch_size, self.microbatch_size)
     _validate.integer("eval_batch_size", self.eval_batch_size, low=1)
-    if self.conv_impl not in CONV_IMPLS:
-      raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {self.conv_impl!r}")
 
 
 class NotPrivateWarning(UserWarning):
   """A configuration adds no noise: its runs are not differentially private (epsilon = inf)."""
 
 
+#: TrainConfig fields that a grid may vary by name; every other grid name is a
+#: hyperparameter of the task (`TrainConfig.hparams`).
+CONFIG_FIELDS = ("l2_clip_norm", "noise_multiplier", "sampling_prob", "batch_size", "steps",
+                 "epochs", "target_delta")
+_EXCLUSIVE = {"steps": "epochs", "epochs": "steps", "sampling_prob": "batch_size",
+              "batch_size": "sampling_prob"}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-  """One candidate: privacy parameters, optimisation parameters, execution.
+  """One candidate: the task, its privacy parameters and its hyperparameters.
 
   Privacy-relevant (they determine the DpEvent and hence epsilon):
-    sampling_prob: Poisson inclusion probability q in (0, 1].
+    l2_clip_norm: per-example clip norm C > 0, the sensitivity of the summed
+      gradient (with sigma it sets the noise std sigma*C; it does not change
+      epsilon).
     noise_multiplier: sigma >= 0. sigma = 0 adds no noise: the run is not
       differentially private (epsilon = inf) and construction warns with a
       `NotPrivateWarning`; useful only as a non-private baseline.
+    sampling_prob / batch_size: exactly one: the Poisson rate q in (0, 1], or
+      the expected batch size b > 0 with q = b / N (N is treated as public).
     steps / epochs: exactly one; steps = ceil(epochs / q) (`jaxdp.accounting.dpsgd_steps`).
     target_delta: delta in (0, 1) at which epsilon is reported.
-    l2_clip_norm: per-example clip norm C > 0 (the sensitivity; with sigma it
-      sets the noise std sigma*C but does not change epsilon).
 
-  Optimisation (post-processing, no privacy cost):
-    learning_rate: > 0.
-    optimizer: 'sgd' or 'adam'.
-    momentum: in [0, 1), SGD only.
-    weight_decay: >= 0 (coupled for SGD, decoupled AdamW for Adam).
-    model: one of `jaxdp.models.MODELS`.
-    activation: 'relu', 'tanh', 'tempered_sigmoid' or a `TemperedSigmoid`.
-
-  Performance only:
+  Everything else (post-processing, no privacy cost):
+    task: the `jaxdp.train.Task` (model, loss, score, optimizer factory);
+      `jaxdp.train.presets.classifier` gives the papers' models.
+    hparams: name -> value, read by the task's model and optimizer factories
+      (learning rate, weight decay, any optimizer argument, model width, ...).
+      Floats the model does not read are traced (vmapped within one compiled
+      group); the rest are static. A name the task never reads is an error.
     execution: an `ExecutionConfig`.
   """
+  task: Task
   l2_clip_norm: float
   noise_multiplier: float
-  sampling_prob: float
+  sampling_prob: float | None = None
+  batch_size: float | None = None
   steps: int | None = None
   epochs: float | None = None
   target_delta: float = 1e-5
-  learning_rate: float
-  optimizer: str = "sgd"
-  momentum: float = 0.0
-  weight_decay: float = 0.0
-  model: str = "logreg"
-  activation: Any = "tanh"
+  hparams: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   execution: ExecutionConfig = dataclasses.field(default_factory=ExecutionConfig)
 
   def __post_init__(self):
+    if not isinstance(self.task, Task):
+      raise ValueError(f"task must be a jaxdp.train.Task (e.g. jaxdp.train.presets.classifier(10)), "
+                       f"got {type(self.task).__name__}")
     _validate.real("l2_clip_norm", self.l2_clip_norm, low=0.0, low_open=True)
     _validate.real("noise_multiplier", self.noise_multiplier, low=0.0)
     if self.noise_multiplier == 0:
@@ -127,7 +130,13 @@ class TrainConfig:
       # user means: epsilon is inf and nothing downstream would say so.
       warnings.warn("noise_multiplier=0: this configuration adds no noise, so its training is NOT "
                     "differentially private (epsilon = inf)", NotPrivateWarning, stacklevel=3)
-    _validate.probability("sampling_prob", self.sampling_prob, one_ok=True)
+    if (self.sampling_prob is None) == (self.batch_size is None):
+      raise ValueError(f"exactly one of sampling_prob and batch_size must be given, got "
+                       f"sampling_prob={self.sampling_prob!r}, batch_size={self.batch_size!r}")
+    if self.sampling_prob is not None:
+      _validate.probability("sampling_prob", self.sampling_prob, one_ok=True)
+    else:
+      _validate.real("batch_size", self.batch_size, low=0.0, low_open=True)
     if (self.steps is None) == (self.epochs is None):
       raise ValueError(f"exactly one of steps and epochs must be given, got "
                        f"steps={self.steps!r}, epochs={self.epochs!r}")
@@ -136,61 +145,143 @@ class TrainConfig:
     else:
       _validate.real("epochs", self.epochs, low=0.0, low_open=True)
     _validate.probability("target_delta", self.target_delta)
-    _validate.real("learning_rate", self.learning_rate, low=0.0, low_open=True)
-    if self.optimizer not in OPTIMIZERS:
-      raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-    _validate.real("momentum", self.momentum, low=0.0, high=1.0, high_open=True)
-    if self.momentum and self.optimizer != "sgd":
-      raise ValueError(f"momentum applies to optimizer='sgd' only, got optimizer="
-                       f"{self.optimizer!r} with momentum={self.momentum!r}")
-    _validate.real("weight_decay", self.weight_decay, low=0.0)
-    if self.model not in MODELS:
-      raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
-    get_activation(self.activation)
+    if not isinstance(self.hparams, Mapping) or not all(isinstance(k, str) for k in self.hparams):
+      raise ValueError(f"hparams must be a mapping name -> value, got {self.hparams!r}")
+    clash = sorted(set(self.hparams) & set(CONFIG_FIELDS + ("task", "execution", "hparams")))
+    if clash:
+      raise ValueError(f"hparams must not name TrainConfig fields {clash}; set them as fields")
+    object.__setattr__(self, "hparams", {k: real_hparam(k, v) for k, v in self.hparams.items()})
     if not isinstance(self.execution, ExecutionConfig):
       raise ValueError(f"execution must be an ExecutionConfig, got {self.execution!r}")
+    check_hparams(self.task, self.hparams)
+
+  def replace(self, **changes) -> "TrainConfig":
+    """A copy with fields and/or hyperparameters changed, by name.
+
+    Config fields are replaced (setting `steps` clears `epochs`, `batch_size`
+    clears `sampling_prob`, and the reverse); any other name sets a
+    hyperparameter.
+    """
+    fields = {k: v for k, v in changes.items()
+              if k in CONFIG_FIELDS or k in ("task", "hparams", "execution")}
+    for name in list(fields):
+      if name in _EXCLUSIVE and name not in (_EXCLUSIVE[name],) and _EXCLUSIVE[name] not in fields:
+        fields[_EXCLUSIVE[name]] = None
+    hparams = dict(fields.pop("hparams", self.hparams))
+    hparams.update({k: v for k, v in changes.items() if k not in fields and k not in _EXCLUSIVE})
+    return dataclasses.replace(self, hparams=hparams, **fields)
+
+  def value(self, name: str) -> Any:
+    """A config field or hyperparameter by name (what a grid point names)."""
+    if name in CONFIG_FIELDS:
+      return getattr(self, name)
+    return self.hparams[name]
+
+  def sampling_prob_for(self, num_examples: Optional[int] = None) -> float:
+    """q; with `batch_size` it is batch_size / N and needs N."""
+    if self.sampling_prob is not None:
+      return float(self.sampling_prob)
+    if num_examples is None:
+      raise ValueError(f"batch_size={self.batch_size!r} sets q = batch_size / N: pass num_examples "
+                       "(the training set size, treated as public)")
+    n = _validate.integer("num_examples", num_examples, low=1)
+    if self.batch_size > n:
+      raise ValueError(f"batch_size must be in (0, N] with N={n} training examples, got {self.batch_size!r}")
+    return float(self.batch_size) / n
+
+  def num_steps_for(self, num_examples: Optional[int] = None) -> int:
+    """Planned number of DP steps T (with epochs: ceil(epochs / q))."""
+    if self.steps is not None:
+      return int(self.steps)
+    return acc_events.dpsgd_steps(self.epochs, self.sampling_prob_for(num_examples))
 
   @property
   def num_steps(self) -> int:
-    """Planned number of DP steps."""
-    if self.steps is not None:
-      return int(self.steps)
-    return acc_events.dpsgd_steps(self.epochs, self.sampling_prob)
+    """Planned DP steps (configs given by sampling_prob or steps; else `num_steps_for(N)`)."""
+    return self.num_steps_for(None)
 
-  def hparams(self) -> "HParams":
-    """The traced (vmappable) hyperparameters of this config."""
-    return HParams(*(jnp.asarray(v, jnp.float32) for v in (
-        self.learning_rate, self.l2_clip_norm, self.noise_multiplier, self.weight_decay)))
+  def plan(self, num_examples: int) -> DpSgdPlan:
+    """The run's `DpSgdPlan` on a training set of `num_examples` examples."""
+    n = _validate.integer("num_examples", num_examples, low=1)
+    return DpSgdPlan(l2_clip_norm=float(self.l2_clip_norm), noise_multiplier=float(self.noise_multiplier),
+                     sampling_prob=self.sampling_prob_for(n), num_steps=self.num_steps_for(n),
+                     num_examples=n)
 
-  def dp_event(self) -> dp_accounting.DpEvent:
-    """The DpEvent of this run; see `dp_event`."""
-    return dp_event(self)
+  def dp_event(self, num_examples: Optional[int] = None) -> dp_accounting.DpEvent:
+    """The candidate's DpEvent: its training (and its DP score's event, composed).
+
+    Built from the same `DpSgdPlan` the trainer runs; `num_examples` is needed
+    only when the config gives `batch_size` (q = batch_size / N).
+    """
+    q = self.sampling_prob_for(num_examples)
+    train = acc_events.dpsgd_event(q, float(self.noise_multiplier), self.num_steps_for(num_examples))
+    score = self.task.score_event
+    return train if score is None else dp_accounting.ComposedDpEvent([train, score])
+
+  def epsilon(self, num_examples: Optional[int] = None) -> float:
+    """Epsilon of one candidate at `target_delta` (dp-accounting's RDP accountant)."""
+    return epsilon(self, num_examples)
 
 
-def dp_event(config: TrainConfig) -> dp_accounting.DpEvent:
-  """`num_steps` self-composed Poisson-subsampled Gaussian mechanisms.
+def check_hparams(task: Task, hparams: Mapping[str, Any]) -> None:
+  """Builds the task's model and optimizer on concrete values; every name must be read.
 
-  Args:
-    config: the run's configuration.
-
-  Returns:
-    `jaxdp.accounting.dpsgd_event(q, sigma, steps)`, the one DP-SGD event builder.
+  Raises:
+    ValueError: a factory fails for these values, or a hyperparameter is read
+      by neither factory (naming it), before anything trains.
   """
-  return acc_events.dpsgd_event(config.sampling_prob, config.noise_multiplier, config.num_steps)
+  tracked = HParams(hparams)
+  what = "model"
+  try:
+    task.model_for(tracked)
+    what = "optimizer"
+    task.optimizer_for(tracked)
+  except ValueError as err:
+    raise ValueError(f"task {task.name!r}: the {what} factory rejects hyperparameters {hparams}: "
+                     f"{err}") from err
+  except Exception as err:  # a user's factory may raise anything
+    raise ValueError(f"task {task.name!r}: the {what} factory fails for hyperparameters {hparams}: "
+                     f"{type(err).__name__}: {err}") from err
+  unread = sorted(set(hparams) - tracked.read)
+  if unread:
+    raise ValueError(f"hyperparameter(s) {unread} are not read by task {task.name!r} (its model and "
+                     f"optimizer factories read {sorted(tracked.read & set(hparams))}); tuning them "
+                     "would change nothing. Remove them or use them in the task")
 
 
-def epsilon(config: TrainConfig) -> float:
+def dp_event(config: TrainConfig, num_examples: Optional[int] = None) -> dp_accounting.DpEvent:
+  """`config.dp_event(num_examples)`: see `TrainConfig.dp_event`."""
+  return config.dp_event(num_examples)
+
+
+def epsilon(config: TrainConfig, num_examples: Optional[int] = None) -> float:
   """Epsilon of the run at `config.target_delta` by the RDP accountant (inf if sigma=0)."""
   accountant = rdp.RdpAccountant()
-  return float(accountant.compose(dp_event(config)).get_epsilon(config.target_delta))
+  return float(accountant.compose(config.dp_event(num_examples)).get_epsilon(config.target_delta))
 
 
-class HParams(NamedTuple):
-  """Per-candidate hyperparameters as float32 arrays (scalars, or vectors when vmapped)."""
-  learning_rate: jax.Array
-  l2_clip_norm: jax.Array
-  noise_multiplier: jax.Array
-  weight_decay: jax.Array
+def _structure(tree: PyTree) -> tuple:
+  return (jax.tree.structure(tree),
+          tuple((tuple(np.shape(x)[1:]), str(jnp.asarray(x[:1]).dtype)) for x in jax.tree.leaves(tree)))
+
+
+def _hashable_items(task: Task, values: Mapping[str, Any]) -> tuple:
+  items = tuple(sorted(values.items()))
+  try:
+    hash(items)
+  except TypeError:
+    bad = [k for k, v in items if not _is_hashable(v)]
+    raise ValueError(f"static hyperparameter(s) {bad} of task {task.name!r} must be hashable (they "
+                     "key the compiled programs)") from None
+  return items
+
+
+def _is_hashable(value) -> bool:
+  try:
+    hash(value)
+    return True
+  except TypeError:
+    return False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -198,54 +289,60 @@ class LoopSpec:
   """Everything static about the inner loop: equal specs share one compilation.
 
   Attributes:
-    model: model name.
-    num_classes: number of logits.
-    activation: activation name or `TemperedSigmoid`.
-    conv_impl: convolution lowering.
-    input_shape: shape of one example.
+    task: the `Task` (compared by identity).
+    static_hparams: sorted (name, value) pairs of the static hyperparameters.
+    traced_names: names of the traced hyperparameters (vmapped arrays).
+    train_structure: pytree structure, per-example shapes and dtypes of the
+      training data.
     num_examples: N, training set size.
     sampling_prob: q.
     num_steps: planned steps.
-    optimizer: 'sgd' or 'adam'.
-    momentum: SGD momentum.
     padded_batch_size: rows on the common path.
     microbatch_size: rows per per-example-gradient call.
+    eval_batch_size: rows per model call when scoring.
   """
-  model: str
-  num_classes: int
-  activation: Any
-  conv_impl: str
-  input_shape: tuple[int, ...]
+  task: Task
+  static_hparams: tuple
+  traced_names: tuple
+  train_structure: tuple
   num_examples: int
   sampling_prob: float
   num_steps: int
-  optimizer: str
-  momentum: float
   padded_batch_size: int
   microbatch_size: int
+  eval_batch_size: int
 
   @classmethod
   def from_config(cls, config: TrainConfig, data: Dataset) -> "LoopSpec":
-    """Resolves padding/microbatch defaults for `data`."""
-    n = int(data.train.inputs.shape[0])
+    """Resolves q, T and the padding/microbatch defaults for `data`."""
+    n = data.num_examples
+    q = config.sampling_prob_for(n)
     ex = config.execution
     micro = ex.microbatch_size
     padded = ex.padded_batch_size
     if padded is None:
-      padded = default_padded_batch_size(n, config.sampling_prob, micro)
+      padded = default_padded_batch_size(n, q, micro)
     if micro is None:
       micro = padded
     validate_batch_sizes(padded, micro)
-    return cls(model=config.model, num_classes=data.num_classes, activation=config.activation,
-               conv_impl=ex.conv_impl, input_shape=data.input_shape, num_examples=n,
-               sampling_prob=float(config.sampling_prob), num_steps=config.num_steps,
-               optimizer=config.optimizer, momentum=float(config.momentum),
-               padded_batch_size=padded, microbatch_size=micro)
+    static, traced = config.task.split_hparams(config.hparams)
+    return cls(task=config.task, static_hparams=_hashable_items(config.task, static),
+               traced_names=tuple(sorted(traced)), train_structure=_structure(data.train),
+               num_examples=n, sampling_prob=q, num_steps=config.num_steps_for(n),
+               padded_batch_size=padded, microbatch_size=micro, eval_batch_size=ex.eval_batch_size)
 
-  def module(self):
-    """The Flax module."""
-    return get_model(self.model, num_classes=self.num_classes, activation=self.activation,
-                     conv_impl=self.conv_impl)
+  def model(self):
+    """The task's `Model` for this spec's static hyperparameters."""
+    return self.task.model_for(dict(self.static_hparams))
+
+  def hparams(self, traced: Mapping[str, Any]) -> HParams:
+    """All hyperparameters: the static values and the (traced) arrays."""
+    return HParams({**dict(self.static_hparams), **traced})
+
+
+def traced_hparams(spec: LoopSpec, config: TrainConfig) -> dict:
+  """The config's traced hyperparameters as float32 scalars (vmappable)."""
+  return {name: jnp.asarray(config.hparams[name], jnp.float32) for name in spec.traced_names}
 
 
 class LoopOutput(NamedTuple):
@@ -255,65 +352,54 @@ class LoopOutput(NamedTuple):
   finite: jax.Array     # False if the parameters became non-finite (diverged)
 
 
-def init_params(spec: LoopSpec, key: jax.Array) -> PyTree:
-  """Initial parameters; they depend on the key and shapes only, not on data."""
-  return spec.module().init(key, jnp.zeros((1,) + spec.input_shape, jnp.float32))
+def _first(tree: PyTree) -> PyTree:
+  return jax.tree.map(lambda leaf: leaf[:1], tree)
 
 
-def _make_optimizer(spec: LoopSpec, hp: HParams, key: jax.Array) -> optax.GradientTransformation:
-  common = dict(learning_rate=hp.learning_rate, l2_clip_norm=hp.l2_clip_norm,
-                noise_multiplier=hp.noise_multiplier,
-                expected_batch_size=spec.sampling_prob * spec.num_examples,
-                key=key, weight_decay=hp.weight_decay)
-  if spec.optimizer == "sgd":
-    return dp_sgd(momentum=spec.momentum, **common)
-  return dp_adam(**common)
+def init_params(spec: LoopSpec, key: jax.Array, train: PyTree) -> PyTree:
+  """Initial parameters: they depend on the key and the inputs' shapes only."""
+  model = spec.model()
+  return model.init(key, spec.task.model_inputs(jax.tree.map(jnp.zeros_like, _first(train))))
 
 
 def _all_finite(tree: PyTree) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]))
 
 
+def _take(tree: PyTree, idx: jax.Array) -> PyTree:
+  return jax.tree.map(lambda leaf: leaf[idx], tree)
+
+
 def build_train_loop(spec: LoopSpec) -> Callable[..., LoopOutput]:
   """The pure inner DP training loop for `spec` (not jitted; jit or vmap it).
 
-  Args:
-    spec: static structure.
-
   Returns:
-    loop(params, hparams, key, train_inputs, train_labels) -> LoopOutput.  It
-    runs `spec.num_steps` Poisson-sampled DP steps, stopping early only if the
-    parameters become non-finite.
+    loop(params, plan, traced_hparams, key, train) -> LoopOutput. It runs
+    `plan.num_steps` Poisson-sampled DP steps, stopping early only if the
+    parameters become non-finite. `plan` is a `DpSgdPlan` whose static fields
+    equal the spec's; its C and sigma may be traced.
   """
-  module = spec.module()
+  task = spec.task
+  loss = task.per_example_loss(spec.model())
 
-  def loss_fn(params, inputs, labels):
-    return optax.softmax_cross_entropy_with_integer_labels(module.apply(params, inputs), labels)
-
-  def loop(params, hparams: HParams, key, train_inputs, train_labels) -> LoopOutput:
+  def loop(params, plan: DpSgdPlan, traced: Mapping[str, jax.Array], key, train) -> LoopOutput:
     sample_key, noise_key = jax.random.split(key)
-    opt = _make_optimizer(spec, hparams, noise_key)
+    clipped = plan.clipped_grad(loss)
+    opt = optax.chain(plan.privatizer(clipped, noise_key), task.optimizer_for(spec.hparams(traced)))
     opt_state = opt.init(params)
 
     def body(carry):
       step, params, opt_state, _ = carry
-
-      def microbatch(idx, valid):
-        grads, _ = clipped_grad_sum(loss_fn, params, train_inputs[idx], train_labels[idx],
-                                    valid, hparams.l2_clip_norm)
-        return grads
-
-      grad_sum, _ = poisson_batch_sum(
-          jax.random.fold_in(sample_key, step), microbatch, num_examples=spec.num_examples,
-          sampling_prob=spec.sampling_prob, padded_batch_size=spec.padded_batch_size,
-          microbatch_size=spec.microbatch_size)
+      grad_sum, _ = plan.batch_sum(
+          jax.random.fold_in(sample_key, step), lambda idx, valid: clipped(params, _take(train, idx), valid),
+          padded_batch_size=spec.padded_batch_size, microbatch_size=spec.microbatch_size)
       updates, opt_state = opt.update(grad_sum, opt_state, params)
       params = optax.apply_updates(params, updates)
       return step + 1, params, opt_state, _all_finite(params)
 
     def cond(carry):
       step, _, _, finite = carry
-      return (step < spec.num_steps) & finite
+      return (step < plan.num_steps) & finite
 
     step, params, _, finite = jax.lax.while_loop(
         cond, body, (jnp.int32(0), params, opt_state, _all_finite(params)))
@@ -322,39 +408,82 @@ def build_train_loop(spec: LoopSpec) -> Callable[..., LoopOutput]:
   return loop
 
 
-def build_evaluate(spec: LoopSpec, eval_batch_size: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
-  """Pure test-set scoring: (params, inputs, labels) -> (accuracy, mean loss).
+def build_outputs(spec: LoopSpec) -> Callable[[PyTree, PyTree], Any]:
+  """(params, batch) -> model outputs on every example, in chunks of `eval_batch_size`."""
+  model = spec.model()
+  task = spec.task
 
-  `inputs` is padded internally to a multiple of `eval_batch_size`.
-  """
-  module = spec.module()
-
-  def evaluate(params, inputs, labels):
-    n = inputs.shape[0]
-    b = min(eval_batch_size, n)
+  def outputs(params, batch):
+    n = jax.tree.leaves(batch)[0].shape[0]
+    b = min(spec.eval_batch_size, n)
     chunks = math.ceil(n / b)
     pad = chunks * b - n
-    x = jnp.pad(inputs, [(0, pad)] + [(0, 0)] * (inputs.ndim - 1)).reshape((chunks, b) + inputs.shape[1:])
-    y = jnp.pad(labels, (0, pad)).reshape(chunks, b)
-    valid = (jnp.arange(chunks * b) < n).reshape(chunks, b)
+    inputs = task.model_inputs(batch)
 
-    def one(args):
-      xb, yb, vb = args
-      logits = module.apply(params, xb)
-      loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb)
-      correct = jnp.argmax(logits, -1) == yb
-      return (jnp.sum(jnp.where(vb, correct, False)), jnp.sum(jnp.where(vb, loss, 0.0)))
+    def chunked(x):
+      x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+      return x.reshape((chunks, b) + x.shape[1:])
 
-    correct, loss = jax.lax.map(one, (x, y, valid))
-    return jnp.sum(correct) / n, jnp.sum(loss) / n
+    out = jax.lax.map(lambda xb: model.apply(params, xb), jax.tree.map(chunked, inputs))
+    return jax.tree.map(lambda o: o.reshape((chunks * b,) + o.shape[2:])[:n], out)
+
+  return outputs
+
+
+def build_evaluate(spec: LoopSpec) -> Callable[..., tuple[jax.Array, jax.Array]]:
+  """Pure public scoring: (params, test batch) -> (the task's public score, mean loss)."""
+  task = spec.task
+  outputs = build_outputs(spec)
+
+  def evaluate(params, batch):
+    out = outputs(params, batch)
+    losses = task.loss(out, batch)
+    losses = losses[0] if task.has_aux else losses
+    return jnp.asarray(task.public_score(out, batch), jnp.float32), jnp.mean(losses)
 
   return evaluate
 
 
+def build_private_score(spec: LoopSpec) -> Callable[..., jax.Array]:
+  """Pure DP scoring: (params, private validation batch, key) -> the noisy score."""
+  task = spec.task
+  outputs = build_outputs(spec)
+
+  def score(params, batch, key):
+    return jnp.asarray(task.score(outputs(params, batch), batch, key), jnp.float32)
+
+  return score
+
+
+def score_key(key: jax.Array) -> jax.Array:
+  """The key of a candidate's DP score, independent of its init and loop keys."""
+  return jax.random.fold_in(key, 0x5C0E)
+
+
+def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, validation, params=None):
+  """Init (unless `params`), train, then score: the one program lone and batched runs share.
+
+  Returns:
+    (LoopOutput, score, test score, test loss); the scores are NaN where
+    their split is None.
+  """
+  init_key, loop_key = jax.random.split(key)
+  if params is None:
+    params = init_params(spec, init_key, train)
+  out = build_train_loop(spec)(params, plan, traced, loop_key, train)
+  nan = jnp.float32(jnp.nan)
+  test_score, test_loss = build_evaluate(spec)(out.params, test) if test is not None else (nan, nan)
+  if spec.task.private_score:
+    score = build_private_score(spec)(out.params, validation, score_key(key))
+  else:
+    score = test_score
+  return out, score, test_score, test_loss
+
+
 @functools.lru_cache(maxsize=32)
-def _compiled(spec: LoopSpec, eval_batch_size: int):
-  return (jax.jit(functools.partial(init_params, spec)), jax.jit(build_train_loop(spec)),
-          jax.jit(build_evaluate(spec, eval_batch_size)))
+def _compiled(spec: LoopSpec):
+  return (jax.jit(functools.partial(init_params, spec)),
+          jax.jit(functools.partial(run_candidate, spec)))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -362,19 +491,24 @@ class CandidateResult:
   """Outcome of one candidate run.
 
   Attributes:
-    score: test accuracy, or NaN if the run diverged.
-    test_accuracy: accuracy on the public test set (NaN if diverged).
-    test_loss: mean cross-entropy on the public test set (NaN if diverged).
+    score: the selection score (the task's public score on `data.test`, or
+      its DP score on `data.private_validation`), NaN if the run diverged.
+    test_score: the task's public score on `data.test` (NaN if diverged or
+      there is no test split).
+    test_loss: mean loss on `data.test` (NaN likewise).
     steps: DP steps actually run.
     planned_steps: DP steps configured (what epsilon accounts for).
-    epsilon: epsilon at `delta` of the planned run (inf if sigma = 0).
+    epsilon: epsilon at `delta` of the planned run (and its DP score; inf if
+      sigma = 0).
     delta: target delta.
-    diverged: True if the parameters became non-finite or the test loss did.
+    diverged: True if the parameters became non-finite or the score did.
     wall_time_s: wall-clock seconds for the whole call, compilation included.
+    score_source: 'public test split (not accounted)' or 'private validation
+      split (DP score, accounted)'.
     params: final parameters (not in repr).
   """
   score: float
-  test_accuracy: float
+  test_score: float
   test_loss: float
   steps: int
   planned_steps: int
@@ -382,22 +516,94 @@ class CandidateResult:
   delta: float
   diverged: bool
   wall_time_s: float
+  score_source: str = ""
   params: PyTree = dataclasses.field(repr=False, default=None)
 
 
-def check_model_input(spec: LoopSpec) -> None:
-  """Raises ValueError if the model cannot map the data's inputs to num_classes logits."""
-  module = spec.module()
-  x = jax.ShapeDtypeStruct((1,) + spec.input_shape, jnp.float32)
+PUBLIC_SOURCE = "public test split (not accounted)"
+PRIVATE_SOURCE = "private validation split (DP score, accounted)"
+
+
+def score_source(task: Task) -> str:
+  return PRIVATE_SOURCE if task.private_score else PUBLIC_SOURCE
+
+
+def check_data(task: Task, data: Dataset) -> None:
+  """Raises ValueError unless `data` has the split the task's score reads."""
+  if not isinstance(data, Dataset):
+    raise ValueError(f"data must be a jaxdp.data.Dataset (private train, public test, private "
+                     f"validation), got {type(data).__name__}")
+  if task.private_score and data.private_validation is None:
+    raise ValueError(f"task {task.name!r} has a DP score, which reads data.private_validation, but "
+                     "it is None; give Dataset(private_validation=...)")
+  if not task.private_score and data.test is None:
+    raise ValueError(f"task {task.name!r} scores on the public test split, but data.test is None. "
+                     "jaxdp never scores on the private training data: give public data as "
+                     "Dataset(test=...), or score privately with jaxdp.train.NoisyMean / DpScore "
+                     "on Dataset(private_validation=...)")
+
+
+def check_task(spec: LoopSpec, data: Dataset) -> None:
+  """Shape-checks the task on `data` (no compilation, no training).
+
+  Raises:
+    ValueError: the model cannot take the inputs, the loss does not fit the
+      model's outputs or is not one value per example, a score is not a
+      scalar, or the optimizer fails on the parameters; each names the culprit.
+  """
+  task = spec.task
+  check_data(task, data)
+  two = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((2,) + np.shape(leaf)[1:], jnp.asarray(leaf[:1]).dtype),
+                     data.train)
   try:
-    params = jax.eval_shape(module.init, jax.random.key(0), x)
-    out = jax.eval_shape(module.apply, params, x)
-  except Exception as err:  # flax/lax raise various types for shape mismatches
-    raise ValueError(f"model {spec.model!r} cannot take inputs of shape {spec.input_shape}: "
+    inputs = jax.eval_shape(task.model_inputs, two)
+  except Exception as err:  # pylint: disable=broad-except
+    raise ValueError(f"task {task.name!r}: inputs cannot select the model input from a batch "
+                     f"{jax.tree.map(lambda s: s.shape, two)}: {type(err).__name__}: {err}") from err
+  model = spec.model()
+  try:
+    params = jax.eval_shape(model.init, jax.random.key(0), inputs)
+    outputs = jax.eval_shape(model.apply, params, inputs)
+  except Exception as err:  # pylint: disable=broad-except
+    raise ValueError(f"task {task.name!r}: the model cannot take inputs of shape "
+                     f"{jax.tree.map(lambda s: s.shape, inputs)}: {type(err).__name__}: {err}") from err
+  try:
+    losses = jax.eval_shape(task.per_example_loss(model), params, two)
+  except Exception as err:  # pylint: disable=broad-except
+    raise ValueError(f"task {task.name!r}: the loss does not fit the model's outputs "
+                     f"{jax.tree.map(lambda s: s.shape, outputs)}: {type(err).__name__}: {err}") from err
+  if getattr(losses, "shape", None) != (2,):
+    raise ValueError(f"task {task.name!r}: the loss must return one value per example, shape (b,); "
+                     f"for a batch of 2 it returned {jax.tree.map(lambda s: s.shape, losses)}")
+  split = data.private_validation if task.private_score else data.test
+  which = "private_validation" if task.private_score else "test"
+  batch = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.asarray(leaf[:1]).dtype), split)
+  try:
+    if task.private_score:
+      got = jax.eval_shape(build_private_score(spec), params, batch, jax.random.key(0))
+    else:
+      got = jax.eval_shape(build_evaluate(spec), params, batch)[0]
+  except Exception as err:  # pylint: disable=broad-except
+    raise ValueError(f"task {task.name!r}: the score fails on data.{which}: "
                      f"{type(err).__name__}: {err}") from err
-  if out.shape != (1, spec.num_classes):
-    raise ValueError(f"model {spec.model!r} maps inputs of shape {spec.input_shape} to "
-                     f"{out.shape[1:]}, expected ({spec.num_classes},)")
+  check_scalar(f"task {task.name!r}: the score", got)
+  scalar = jax.ShapeDtypeStruct((), jnp.float32)
+  traced = {k: scalar for k in spec.traced_names}
+
+  def one_run(p, clip, sigma, t, train):
+    plan = DpSgdPlan(l2_clip_norm=clip, noise_multiplier=sigma, sampling_prob=spec.sampling_prob,
+                     num_steps=spec.num_steps, num_examples=spec.num_examples)
+    return build_train_loop(spec)(p, plan, t, jax.random.key(0), train)
+
+  train = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.asarray(leaf[:1]).dtype),
+                       data.train)
+  try:
+    jax.eval_shape(one_run, params, scalar, scalar, traced, train)
+  except Exception as err:  # pylint: disable=broad-except
+    raise ValueError(f"task {task.name!r}: one DP step fails with static hyperparameters "
+                     f"{dict(spec.static_hparams)} and traced {list(spec.traced_names)}: "
+                     f"{type(err).__name__}: {err}. A factory that needs a concrete value "
+                     f"(Python control flow) must declare it Task(static=(...))") from err
 
 
 def _check_initial_params(given: PyTree, expected: PyTree) -> PyTree:
@@ -413,13 +619,54 @@ def _check_initial_params(given: PyTree, expected: PyTree) -> PyTree:
   return jax.tree.map(lambda g, e: jnp.asarray(np.asarray(g), e.dtype), given, expected)
 
 
+def device_splits(data: Dataset) -> tuple:
+  """(train, test, private validation) as JAX arrays (None stays None)."""
+  def put(tree):
+    return None if tree is None else jax.tree.map(jnp.asarray, tree)
+  return put(data.train), put(data.test), put(data.private_validation)
+
+
+def check_key(key: Any) -> jax.Array:
+  if not isinstance(key, jax.Array) or not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    raise ValueError(f"key must be a typed PRNG key from jax.random.key(seed), got {key!r}")
+  return key
+
+
+def result_of(config: TrainConfig, num_examples: int, out: LoopOutput, score, test_score, test_loss,
+              wall_time_s: float, params: PyTree = None) -> CandidateResult:
+  """The `CandidateResult` of one finished run (a diverged run scores NaN)."""
+  score, test_score, test_loss = float(score), float(test_score), float(test_loss)
+  diverged = not (bool(out.finite) and math.isfinite(score))
+  if diverged:
+    score = test_score = test_loss = float("nan")
+  return CandidateResult(
+      score=score, test_score=test_score, test_loss=test_loss, steps=int(out.steps),
+      planned_steps=config.num_steps_for(num_examples), epsilon=_epsilon_cached(config, num_examples),
+      delta=float(config.target_delta), diverged=diverged, wall_time_s=wall_time_s,
+      score_source=score_source(config.task), params=params)
+
+
+@functools.lru_cache(maxsize=1024)
+def _epsilon_of_event(event: dp_accounting.DpEvent, delta: float) -> float:
+  return float(rdp.RdpAccountant().compose(event).get_epsilon(delta))
+
+
+def _epsilon_cached(config: TrainConfig, num_examples: int) -> float:
+  event = config.dp_event(num_examples)
+  try:
+    return _epsilon_of_event(event, float(config.target_delta))
+  except TypeError:  # a ComposedDpEvent holds a list: unhashable, so not cached
+    return epsilon(config, num_examples)
+
+
 def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
                     initial_params: PyTree | None = None) -> CandidateResult:
-  """Trains one candidate with DP and scores it on the public test set.
+  """Trains one candidate with DP and scores it.
 
   Args:
-    config: the candidate's configuration.
-    data: a `jaxdp.data.Dataset` (train is private, test is public).
+    config: the candidate's configuration (task, privacy, hyperparameters).
+    data: a `jaxdp.data.Dataset`: private `train`; the score reads the public
+      `test` split, or, for a DP score, `private_validation`.
     key: PRNG key; the same key gives the same result.
     initial_params: optional warm start (e.g. a model released by a private
       search; Koskela & Kulkarni 2023 warm-start the final run from the tuned
@@ -432,35 +679,22 @@ def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
 
   Raises:
     ValueError: for a bad config/data type, a key that is not a PRNG key, or a
-      model that does not fit the data's input shape or class count.
+      task that does not fit the data (model, loss, score; see `check_task`).
   """
   start = time.perf_counter()
   if not isinstance(config, TrainConfig):
     raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
-  if not isinstance(data, Dataset):
-    raise ValueError(f"data must be a jaxdp.data.Dataset, got {type(data).__name__}")
-  if not isinstance(key, jax.Array) or not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    raise ValueError(f"key must be a typed PRNG key from jax.random.key(seed), got {key!r}")
+  check_data(config.task, data)
+  key = check_key(key)
   spec = LoopSpec.from_config(config, data)
-  check_model_input(spec)
-  init_fn, loop_fn, eval_fn = _compiled(spec, config.execution.eval_batch_size)
-
-  init_key, loop_key = jax.random.split(key)
-  if initial_params is None:
-    params = init_fn(init_key)
-  else:
-    params = _check_initial_params(initial_params, jax.eval_shape(init_fn, init_key))
-  out = loop_fn(params, config.hparams(), loop_key,
-                jnp.asarray(data.train.inputs, jnp.float32), jnp.asarray(data.train.labels, jnp.int32))
-  finite = bool(out.finite)
-  accuracy, loss = eval_fn(out.params, jnp.asarray(data.test.inputs, jnp.float32),
-                           jnp.asarray(data.test.labels, jnp.int32))
-  accuracy, loss = float(accuracy), float(loss)
-  diverged = not (finite and math.isfinite(loss))
-  if diverged:
-    accuracy = loss = float("nan")
-  return CandidateResult(
-      score=float("nan") if diverged else accuracy, test_accuracy=accuracy, test_loss=loss,
-      steps=int(out.steps), planned_steps=config.num_steps, epsilon=epsilon(config),
-      delta=float(config.target_delta), diverged=diverged,
-      wall_time_s=time.perf_counter() - start, params=out.params)
+  check_task(spec, data)
+  init_fn, run_fn = _compiled(spec)
+  train, test, validation = device_splits(data)
+  if initial_params is not None:
+    init_key, _ = jax.random.split(key)
+    initial_params = _check_initial_params(initial_params, jax.eval_shape(init_fn, init_key, train))
+  plan = config.plan(data.num_examples)
+  out, score, test_score, test_loss = run_fn(plan, traced_hparams(spec, config), key, train, test,
+                                             validation, initial_params)
+  return result_of(config, data.num_examples, out, score, test_score, test_loss,
+                   time.perf_counter() - start, params=out.params)

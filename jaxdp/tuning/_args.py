@@ -21,7 +21,8 @@ from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
 from jaxdp.sweep.space import SearchSpace
-from jaxdp.train import LoopSpec, TrainConfig, check_model_input
+from jaxdp.train import LoopSpec, TrainConfig, check_task
+from jaxdp.train.trainer import check_data
 
 #: Keyword arguments a tuner forwards to `jaxdp.sweep.train_candidates`
 #: (`keep_params` is the tuner's own: it needs the selected model).
@@ -76,28 +77,31 @@ def threshold(value: Any) -> float:
   # then release nothing, indistinguishable from an honest failure.
   if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating, np.integer)) \
       or not math.isfinite(float(value)):
-    raise ValueError(f"threshold must be a finite real number in (-inf, inf) (scores are test "
-                     f"accuracies in [0, 1]), got {value!r}")
+    raise ValueError(f"threshold must be a finite real number in (-inf, inf) (compared with the "
+                     f"task's score, e.g. an accuracy in [0, 1]), got {value!r}")
   return float(value)
 
 
 def data(value: Any, space_: SearchSpace) -> Dataset:
-  """Checks `value` is a Dataset every candidate's model can take.
+  """Checks `value` is a Dataset every candidate's task can train and score on.
 
-  The model check runs on shapes only (`jax.eval_shape`), once per distinct
-  model structure, so it costs no training.
+  The checks run on shapes only (`jax.eval_shape`), once per compiled group,
+  so they cost no training.
   """
-  if not isinstance(value, Dataset):
-    raise ValueError(f"data must be a jaxdp.data.Dataset (private train split, public test split), "
-                     f"got {type(value).__name__}: {value!r:.80}")
+  check_data(space_.base.task, value)
   seen = set()
   for config in space_.configs:
     spec = LoopSpec.from_config(config, value)
-    structure = (spec.model, spec.activation, spec.conv_impl)
-    if structure not in seen:
-      seen.add(structure)
-      check_model_input(spec)
+    if spec not in seen:
+      seen.add(spec)
+      check_task(spec, value)
   return value
+
+
+def target_epsilon(value: Any) -> Optional[float]:
+  if value is None:
+    return None
+  return _validate.real("target_epsilon", value, low=0.0, low_open=True)
 
 
 def engine_kwargs(kwargs: Mapping[str, Any]) -> dict:

@@ -29,6 +29,8 @@ from jaxdp.sweep import engine
 from jaxdp.sweep.space import Candidate, SearchSpace
 from jaxdp.train import TrainConfig
 from jaxdp.tuning import _args
+from jaxdp.tuning import planning
+from jaxdp.train import trainer as tr
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -36,11 +38,14 @@ class TunedResult:
   """What a private search releases.
 
   Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
-  differ by adding or removing one training example, which is what `event`
-  accounts; the training set size N is public (every step divides by q N);
-  the score is the test accuracy on `data.test`, which is treated as public
-  and is NOT accounted; only the selected candidate is covered by `epsilon`.
-  The key must stay secret (it regenerates the noise).
+  differ by adding or removing one private example (training or private
+  validation), which is what `event` accounts; the training set size N is
+  public (every step divides by q N, and an expected batch size b means
+  q = b / N); `score_source` says where the score came from: a plain score
+  reads `data.test`, which is treated as public and is NOT accounted, a DP
+  score reads `data.private_validation` and its event is in `event`. Only
+  the selected candidate is covered by `epsilon`. The key must stay secret
+  (it regenerates the noise).
 
   Attributes:
     hyperparameters: the selected grid point, or None when nothing is released
@@ -48,7 +53,7 @@ class TunedResult:
       the documented default output. Covered by `epsilon`.
     config: the selected candidate's `TrainConfig` (None likewise). Covered.
     params: its trained parameters (None likewise). Covered.
-    score: its score (test accuracy), NaN if nothing is released. Covered.
+    score: its selection score, NaN if nothing is released. Covered.
     num_candidates: how many candidates were trained. For `random_search` this
       is K, drawn from the public `repetitions` law with the caller's key
       before any data is touched, so publishing it reveals nothing about the
@@ -62,6 +67,9 @@ class TunedResult:
     accounting_method: the method that gave `epsilon` ("best" = tightest valid).
     all_scores: every candidate's (grid point, score) only if requested with
       `release_all_scores=True`; NOT covered by `epsilon`.
+    score_source: 'public test split (not accounted)' or 'private validation
+      split (DP score, accounted)'.
+    noise_multiplier: the sigma calibrated for `target_epsilon`, or None.
   """
 
   hyperparameters: Optional[Mapping[str, Any]]
@@ -74,12 +82,29 @@ class TunedResult:
   event: Any
   accounting_method: str = "best"
   all_scores: Optional[tuple] = None
+  score_source: str = ""
+  noise_multiplier: Optional[float] = None
 
 
-def _candidate_event(space: SearchSpace):
-  """One candidate's guarantee: its DpEvent, or the worst over the grid (KK Lemma 1)."""
-  events = space.events()
-  return events[0] if len(events) == 1 else acc.UniformCandidates(events)
+def prepare(config, search_space, data, delta, target_epsilon, outer):
+  """Checks the arguments, calibrates sigma if asked and accounts the search.
+
+  Returns:
+    (space, data, event, epsilon, sigma or None), all before any training.
+  """
+  space = _args.space(config, search_space)
+  delta = _args.delta(delta)
+  target_epsilon = _args.target_epsilon(target_epsilon)
+  data = _args.data(data, space)  # sigma is traced: calibrating it changes no check
+  sigma = None
+  if target_epsilon is not None:
+    sigma = planning.calibrate_noise(space, data.num_examples, outer, target_epsilon=target_epsilon,
+                                     delta=delta)
+    space = planning.with_noise(space, sigma)
+  # Accounted from the configurations that will run, never from the target.
+  event = outer(planning.candidate_event(space, data.num_examples))
+  eps = acc.epsilon(event, delta, method="best")
+  return space, data, event, eps, sigma
 
 
 def _draw_candidates(space: SearchSpace, n: int, key) -> list:
@@ -100,7 +125,8 @@ def _release_scores(cands, results, release_all_scores):
 
 def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
                   data: Dataset, *, repetitions: acc.KDistribution, key: jax.Array, delta: float = 1e-5,
-                  release_all_scores: bool = False, **engine_kwargs) -> TunedResult:
+                  target_epsilon: Optional[float] = None, release_all_scores: bool = False,
+                  **engine_kwargs) -> TunedResult:
   """Papernot-Steinke private random search.
 
   Args:
@@ -108,11 +134,15 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
       `search_space` must be None).
     search_space: grid name -> non-empty sequence of values (see
       `jaxdp.sweep.SearchSpace`).
-    data: a `jaxdp.data.Dataset`: private training split, public test split
-      (the score).
+    data: a `jaxdp.data.Dataset`: private training split; the score reads
+      the public test split, or, for a DP score, the private validation split.
     repetitions: law of the number of candidates K, e.g. `acc.Poisson(10)`.
     key: PRNG key for K, the draws and every candidate's training.
     delta: delta in (0, 1) at which the search's epsilon is reported.
+    target_epsilon: if given, the noise multiplier of every candidate is
+      calibrated so that the whole search (K's law, the grid, the DP score)
+      meets (target_epsilon, delta); the grid must not vary it. The reported
+      epsilon is re-accounted from the calibrated configurations.
     release_all_scores: also return every candidate's score (warns: not
       covered by the guarantee).
     **engine_kwargs: `devices`, `max_candidates_per_device`, `progress`,
@@ -129,15 +159,12 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
     result = random_search(config, {"learning_rate": [0.1, 0.3, 1.0]}, data,
                            repetitions=acc.Poisson(mean=5), key=jax.random.key(0))
   """
-  space = _args.space(config, search_space)
-  data = _args.data(data, space)
   repetitions = _args.repetitions(repetitions)
   key = _args.key(key)
-  delta = _args.delta(delta)
   release_all_scores = _args.flag("release_all_scores", release_all_scores)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  event = acc.RepeatAndSelect(_candidate_event(space), repetitions)
-  eps = acc.epsilon(event, delta, method="best")
+  space, data, event, eps, sigma = prepare(config, search_space, data, delta, target_epsilon,
+                                           lambda cand: acc.RepeatAndSelect(cand, repetitions))
   k_key, draw_key = jax.random.split(key)
   k = int(repetitions.sample(k_key))
   cands = _draw_candidates(space, k, draw_key) if k else []
@@ -150,14 +177,33 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
       config=cands[best].config if released else None,
       params=results[best].params if released else None,
       score=float(scores[best]) if released else float("nan"),
-      num_candidates=k, epsilon=eps, delta=delta, event=event,
-      all_scores=_release_scores(cands, results, release_all_scores))
+      num_candidates=k, epsilon=eps, delta=float(delta), event=event,
+      all_scores=_release_scores(cands, results, release_all_scores),
+      score_source=tr.score_source(space.base.task), noise_multiplier=sigma)
+
+
+def dry_run(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
+            data: Dataset, *, repetitions: acc.KDistribution, delta: float = 1e-5,
+            target_epsilon: Optional[float] = None) -> planning.DryRun:
+  """What `random_search` with these arguments would do, without training anything.
+
+  Checks every argument and the task on the data's shapes (as the search
+  does), calibrates sigma for `target_epsilon` if given, and returns a
+  `planning.DryRun`: epsilon of the whole search, K's law (mean, P(K=0),
+  quantiles), the groups that will compile, and the expected compute
+  (E[K] x steps, E[K] x steps x q N per-example gradients). `print` it.
+  """
+  repetitions = _args.repetitions(repetitions)
+  space, data, event, eps, sigma = prepare(config, search_space, data, delta, target_epsilon,
+                                           lambda cand: acc.RepeatAndSelect(cand, repetitions))
+  return planning.dry_run_report(space, data, repetitions, float(delta), event, eps, sigma)
 
 
 def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
                      data: Dataset, *, threshold: float, stop_prob: float, key: jax.Array,
                      max_candidates: Optional[int] = None, delta: float = 1e-5,
-                     release_all_scores: bool = False, **engine_kwargs) -> TunedResult:
+                     target_epsilon: Optional[float] = None, release_all_scores: bool = False,
+                     **engine_kwargs) -> TunedResult:
   """Liu-Talwar Algorithm 1 with random stopping.
 
   For j = 1, 2, ...: train a random candidate; if its score >= `threshold`,
@@ -169,9 +215,9 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
   released candidate (or "nothing"), not `num_candidates` (see `TunedResult`).
 
   Args:
-    config, search_space, data, key, delta, release_all_scores,
-    **engine_kwargs: as in `random_search`.
-    threshold: a finite score to reach (scores are test accuracies).
+    config, search_space, data, key, delta, target_epsilon,
+    release_all_scores, **engine_kwargs: as in `random_search`.
+    threshold: a finite score to reach (the task's score).
     stop_prob: probability in (0, 1] of stopping after a failed candidate.
     max_candidates: None or an integer >= 1: a hard cap on candidates.
 
@@ -179,18 +225,17 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
     ValueError: for any bad argument (a NaN threshold included), before any
       training.
   """
-  space = _args.space(config, search_space)
-  data = _args.data(data, space)
   threshold = _args.threshold(threshold)
   stop_prob = _validate.probability("stop_prob", stop_prob, one_ok=True)
   if max_candidates is not None:
     max_candidates = _validate.integer("max_candidates", max_candidates, low=1)
   key = _args.key(key)
-  delta = _args.delta(delta)
   release_all_scores = _args.flag("release_all_scores", release_all_scores)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  event = acc.ThresholdSelect(_candidate_event(space), stop_prob, max_candidates)
-  eps = acc.epsilon(event, delta, method="best")
+  space, data, event, eps, sigma = prepare(
+      config, search_space, data, delta, target_epsilon,
+      lambda cand: acc.ThresholdSelect(cand, stop_prob, max_candidates))
+  source = tr.score_source(space.base.task)
   cands, results = [], []
   j = 0
   while max_candidates is None or j < max_candidates:
@@ -201,9 +246,11 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
     results.append(res)
     j += 1
     if not math.isnan(res.score) and res.score >= threshold:
-      return TunedResult(dict(cand.point), cand.config, res.params, res.score, j, eps, delta, event,
-                         all_scores=_release_scores(cands, results, release_all_scores))
+      return TunedResult(dict(cand.point), cand.config, res.params, res.score, j, eps, float(delta),
+                         event, all_scores=_release_scores(cands, results, release_all_scores),
+                         score_source=source, noise_multiplier=sigma)
     if bool(jax.random.bernoulli(stop_key, stop_prob)):
       break
-  return TunedResult(None, None, None, float("nan"), j, eps, delta, event,
-                     all_scores=_release_scores(cands, results, release_all_scores))
+  return TunedResult(None, None, None, float("nan"), j, eps, float(delta), event,
+                     all_scores=_release_scores(cands, results, release_all_scores),
+                     score_source=source, noise_multiplier=sigma)

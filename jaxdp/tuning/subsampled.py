@@ -5,11 +5,14 @@
   1. Poisson-sample the tuning subset X1 from the training set X with rate q;
   2. run the Papernot-Steinke private random search (K ~ `repetitions`) on X1
      with the batched sweep engine;
-  3. extrapolate the selected hyperparameters to the final training set
-     (DP-SGD: learning rate x n/m, n = final set size, m = |X1|, because the
-     update is the clipped-gradient sum divided by the expected batch gamma*N
-     and KK Sec. 4 keep the per-step noise-to-signal ratio; DP-Adam is scale
-     invariant, so its learning rate is kept); C, sigma, gamma and T are kept;
+  3. extrapolate the selected hyperparameters to the final training set with
+     the task's `extrapolate(hparams, m, n)` (n = final set size, m = |X1|;
+     both are treated as public). DP-SGD: learning rate x n/m
+     (`jaxdp.train.scale_learning_rate`), because the update is the
+     clipped-gradient sum divided by the expected batch gamma*N and KK Sec. 4
+     keep the per-step noise-to-signal ratio; Adam-type optimizers are scale
+     invariant (`jaxdp.train.keep_hparams`). The classifier preset picks by
+     its optimizer; a user task must say. C, sigma, gamma and T are kept;
   4. train the final model once on X \\ X1 (variant 1) or X (variant 2),
      optionally warm-started from the tuned model.
 
@@ -32,11 +35,12 @@ import numpy as np
 
 from jaxdp import _validate
 from jaxdp import accounting as acc
-from jaxdp.data import DataSplit, Dataset
+from jaxdp.data import Dataset
 from jaxdp.sweep import engine
 from jaxdp.sweep.space import SearchSpace
 from jaxdp.train import TrainConfig, train_candidate
 from jaxdp.tuning import _args
+from jaxdp.tuning import planning
 from jaxdp.tuning import search as search_lib
 
 
@@ -46,7 +50,7 @@ class SubsampledResult:
 
   Released (covered by `epsilon`): `params`, `final_config`,
   `final_hyperparameters`, `tuned_hyperparameters`, `tuned_score`,
-  `test_accuracy`. Not to be published: `subset_mask` (which examples were in
+  `test_score`. Not to be published: `subset_mask` (which examples were in
   X1; returned so callers can audit the split).
 
   Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
@@ -54,11 +58,13 @@ class SubsampledResult:
   training set size N = |X| is treated as public and is revealed exactly:
   m = `subset_size` and n = `final_train_size` are returned, and the SGD
   learning-rate factor n / m is visible in `final_config` (variant 1:
-  N = m + n; variant 2: N = n). Given N, m depends only on the subsampling
+  N = m + n; variant 2: N = n). Candidates must give `sampling_prob` (not an
+  expected `batch_size`, whose q = b / m would depend on the subset drawn). Given N, m depends only on the subsampling
   randomness. `num_candidates` is K, drawn from the public `repetitions` law
   with the caller's key, independent of the data. Scores (`tuned_score`,
-  `test_accuracy`) are test accuracies on `data.test`, which is treated as
-  public and not accounted. Of the K candidates only the selected one's
+  `test_score`) are the task's public score on `data.test`, which is treated
+  as public and not accounted (DP scores on private validation data are not
+  supported here: KK's amplification covers the subsampled training set only). Of the K candidates only the selected one's
   hyperparameters and score are covered; the others are never returned.
   The key must stay secret (it regenerates the subset and the noise).
 
@@ -68,11 +74,12 @@ class SubsampledResult:
     tuned_hyperparameters: the grid point selected on X1 (before
       extrapolation), or None if the search released nothing (then the final
       run uses the first grid point, a data-independent default).
-    final_hyperparameters: the same with the extrapolated learning rate.
-    learning_rate_factor: n / m for DP-SGD, 1 for DP-Adam.
-    tuned_score: the selected candidate's test accuracy on the subset (NaN
-      if nothing was released).
-    test_accuracy: the final model's test accuracy (NaN if it diverged).
+    final_hyperparameters: the same after the task's extrapolation.
+    learning_rate_factor: final / tuned learning rate (n / m for DP-SGD, 1
+      for DP-Adam; 1 if the task has no `learning_rate`).
+    tuned_score: the selected candidate's score after training on the
+      subset (NaN if nothing was released).
+    test_score: the final model's public test score (NaN if it diverged).
     num_candidates: K, candidates trained on X1.
     subset_size: m = |X1|.
     final_train_size: n, examples the final model was trained on.
@@ -95,7 +102,7 @@ class SubsampledResult:
   final_hyperparameters: Mapping[str, Any]
   learning_rate_factor: float
   tuned_score: float
-  test_accuracy: float
+  test_score: float
   num_candidates: int
   subset_size: int
   final_train_size: int
@@ -121,8 +128,9 @@ def _check_variant(variant) -> int:
 
 
 def _split(data: Dataset, mask: np.ndarray, name: str) -> Dataset:
-  return Dataset(name=f"{data.name}[{name}]", train=DataSplit(data.train.inputs[mask], data.train.labels[mask]),
-                 test=data.test, num_classes=data.num_classes)
+  train = jax.tree.map(lambda leaf: np.asarray(leaf)[mask], data.train)
+  return Dataset(name=f"{data.name}[{name}]", train=train, test=data.test,
+                 num_classes=data.num_classes)
 
 
 def _cost(config: TrainConfig, num_examples: int) -> float:
@@ -139,16 +147,32 @@ def extrapolate(config: TrainConfig, subset_size: int, final_size: int) -> tuple
     final_size: n >= 1.
 
   Returns:
-    (final config, learning-rate factor): DP-SGD scales the learning rate by
-    n / m; DP-Adam keeps it. Clip norm, sigma, sampling rate and steps are
-    kept, so the final run's DpEvent equals the candidate's.
+    (final config, learning-rate factor): the task's `extrapolate` maps the
+    hyperparameters (DP-SGD: learning rate x n / m; Adam: kept). Clip norm,
+    sigma, sampling rate and steps are kept, so the final run's DpEvent
+    equals the candidate's.
+
+  Raises:
+    ValueError: the task has no `extrapolate`, or it changed something else
+      than hyperparameters.
   """
   if not isinstance(config, TrainConfig):
     raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
   m = _validate.integer("subset_size", subset_size, low=1)
   n = _validate.integer("final_size", final_size, low=1)
-  factor = n / m if config.optimizer == "sgd" else 1.0
-  return dataclasses.replace(config, learning_rate=config.learning_rate * factor), factor
+  task = config.task
+  if task.extrapolate is None:
+    raise ValueError(f"task {task.name!r} has no extrapolate: subsampled_search must carry the "
+                     "hyperparameters tuned on m examples to n. Set Task(extrapolate="
+                     "jaxdp.train.scale_learning_rate()) for SGD-type updates (learning rate x n/m, "
+                     "KK Sec. 4) or Task(extrapolate=jaxdp.train.keep_hparams) for Adam-type ones")
+  hparams = task.extrapolate(dict(config.hparams), m, n)
+  if not isinstance(hparams, Mapping) or set(hparams) != set(config.hparams):
+    raise ValueError(f"task {task.name!r}: extrapolate must return the same hyperparameter names "
+                     f"{sorted(config.hparams)}, got {hparams!r}")
+  lr = config.hparams.get("learning_rate")
+  factor = float(hparams["learning_rate"]) / float(lr) if isinstance(lr, (int, float)) and lr else 1.0
+  return dataclasses.replace(config, hparams=dict(hparams)), factor
 
 
 def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
@@ -180,12 +204,19 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   Example:
     res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data, q=0.2,
                             variant=1, repetitions=acc.Poisson(5), key=jax.random.key(0))
-    res.epsilon, res.test_accuracy, res.compute_ratio
+    res.epsilon, res.test_score, res.compute_ratio
   """
   # Every argument is checked before the subset is drawn, K is drawn or
   # anything trains, so whether the call fails never depends on the draws.
   space = _args.space(config, search_space)
   data = _args.data(data, space)
+  if space.base.task.private_score:
+    raise ValueError("subsampled_search does not support DP scores on private validation data: "
+                     "KK's amplification by subsampling covers the training set only. Score on a "
+                     "public test split")
+  if any(c.sampling_prob is None for c in space.configs):
+    raise ValueError("subsampled_search needs sampling_prob, not batch_size: q = batch_size / m "
+                     "would depend on the size m of the private subset drawn")
   q = _validate.probability("q", q)
   variant = _check_variant(variant)
   repetitions = _args.repetitions(repetitions)
@@ -193,7 +224,8 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   delta = _args.delta(delta)
   warm_start = _args.flag("warm_start", warm_start)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  candidate = search_lib._candidate_event(space)  # pylint: disable=protected-access
+  candidate = planning.candidate_event(space, data.num_examples)
+  extrapolate(space.configs[0], 1, 1)  # a task without `extrapolate` fails before any work
   tune_event = acc.RepeatAndSelect(candidate, repetitions)
   # The final run's DpEvent is the selected candidate's (extrapolation keeps
   # gamma, sigma, T); which candidate is data-dependent, so account the worst.
@@ -230,11 +262,11 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
 
   spent = sum(_cost(c.config, m) for c in cands) + _cost(final_config, n)
   mean_cost = float(np.mean([_cost(c, num_train) for c in space.configs]))
-  final_point = dict(chosen_point, learning_rate=final_config.learning_rate)
+  final_point = {name: final_config.value(name) for name in chosen_point}
   return SubsampledResult(
       params=final.params, final_config=final_config,
       tuned_hyperparameters=chosen_point if released else None, final_hyperparameters=final_point,
       learning_rate_factor=factor, tuned_score=float(scores[best]) if released else float("nan"),
-      test_accuracy=float(final.test_accuracy), num_candidates=k, subset_size=m, final_train_size=n,
+      test_score=float(final.test_score), num_candidates=k, subset_size=m, final_train_size=n,
       variant=variant, q=q, epsilon=eps, delta=float(delta), event=event, gradient_evaluations=spent,
       baseline_gradient_evaluations=repetitions.mean * mean_cost, subset_mask=mask)

@@ -1,0 +1,91 @@
+"""One DP-SGD plan: the object every private piece of a run is derived from.
+
+`DpSgdPlan` holds the privacy parameters of one run (clip norm C, noise
+multiplier sigma, Poisson rate q, steps T, training set size N). The
+clipped-gradient function it builds carries its sensitivity (C, as in
+jax_privacy's `clipped_grad`), the noise transform reads that sensitivity,
+the batch selection uses q, the loop runs T steps, and `dp_event()` is built
+from the same fields, so what is accounted cannot drift from what ran.
+
+C and sigma are pytree leaves (a sweep vmaps them over candidates); q, T and
+N are static.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import dp_accounting
+import jax
+import numpy as np
+import optax
+
+from jaxdp.accounting import events as acc_events
+from jaxdp.train.clipping import clipped_grad_sum
+from jaxdp.train.noise import add_gaussian_noise, normalize_by_expected_batch_size
+from jaxdp.train.sampling import poisson_batch_sum
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ClippedGrad:
+  """`(params, batch, mask) -> sum over unmasked rows of clipped per-example gradients`.
+
+  Attributes:
+    fn: the function.
+    sensitivity: the L2 sensitivity of its output under adding or removing
+      one example (the clip norm).
+  """
+  fn: Callable[[PyTree, PyTree, jax.Array], PyTree]
+  sensitivity: Any
+
+  def __call__(self, params, batch, mask):
+    return self.fn(params, batch, mask)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DpSgdPlan:
+  """Privacy parameters of one DP-SGD run.
+
+  Attributes:
+    l2_clip_norm: C > 0 (a float, or an array when vmapped).
+    noise_multiplier: sigma >= 0 (likewise); noise std is sigma * C.
+    sampling_prob: q in (0, 1], static.
+    num_steps: T, static.
+    num_examples: N, static; treated as public (updates divide by q*N).
+  """
+  l2_clip_norm: Any
+  noise_multiplier: Any
+  sampling_prob: float = dataclasses.field(metadata=dict(static=True))
+  num_steps: int = dataclasses.field(metadata=dict(static=True))
+  num_examples: int = dataclasses.field(metadata=dict(static=True))
+
+  @property
+  def expected_batch_size(self) -> float:
+    return self.sampling_prob * self.num_examples
+
+  def dp_event(self) -> dp_accounting.DpEvent:
+    """T self-composed Poisson-subsampled Gaussian mechanisms (needs concrete C and sigma)."""
+    return acc_events.dpsgd_event(self.sampling_prob, float(np.asarray(self.noise_multiplier)),
+                                  self.num_steps)
+
+  def clipped_grad(self, loss_fn: Callable[[PyTree, PyTree], jax.Array]) -> ClippedGrad:
+    """Clipped per-example gradient sum of `loss_fn(params, batch) -> (b,)`; sensitivity C."""
+    clip = self.l2_clip_norm
+
+    def fn(params, batch, mask):
+      return clipped_grad_sum(loss_fn, params, batch, mask, clip)[0]
+    return ClippedGrad(fn=fn, sensitivity=clip)
+
+  def privatizer(self, clipped: ClippedGrad, key: jax.Array) -> optax.GradientTransformation:
+    """Gaussian noise of std sigma x `clipped.sensitivity`, then division by q*N."""
+    return optax.chain(add_gaussian_noise(self.noise_multiplier, clipped.sensitivity, key),
+                       normalize_by_expected_batch_size(self.expected_batch_size))
+
+  def batch_sum(self, key: jax.Array, fn, *, padded_batch_size: int, microbatch_size: int):
+    """Sums `fn(indices, valid)` over one Poisson sample at rate q (see `poisson_batch_sum`)."""
+    return poisson_batch_sum(key, fn, num_examples=self.num_examples, sampling_prob=self.sampling_prob,
+                             padded_batch_size=padded_batch_size, microbatch_size=microbatch_size)

@@ -1,0 +1,334 @@
+"""A user's training task: model, per-example loss, score and optimizer factory.
+
+A `Task` is data, not a name: any Flax module (or plain `init`/`apply`
+functions), any per-example loss over any batch pytree, any score and any
+optax optimizer built from the tuned hyperparameters. The built-in models are
+presets of the same type (`jaxdp.train.presets`).
+
+Hyperparameters reach the task as one mapping (`HParams`). A value is
+*traced* (vmapped over candidates inside one compiled program) when it is a
+float that neither the model factory nor `Task.static` claims; everything else
+(ints, strings, objects, whatever shapes the model) is *static*: the sweep
+engine compiles once per distinct set of static values. The mapping records
+which names were read, so a grid naming a hyperparameter the task never reads
+is refused before anything trains.
+
+Scores and privacy: a plain score function reads only the public `test`
+split of a `jaxdp.data.Dataset` (declared public; not accounted). A DP score
+(`NoisyMean`, `DpScore`) reads only the private `private_validation` split and
+its DpEvent is composed into every candidate's event. No score ever reads the
+private training data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
+
+import dp_accounting
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxdp import _validate
+
+PyTree = Any
+
+
+class Model(NamedTuple):
+  """A model as two plain functions (what a Flax module's `init`/`apply` are).
+
+  Attributes:
+    init: (key, inputs) -> params, for a batch of inputs.
+    apply: (params, inputs) -> outputs, batched (leading example axis).
+  """
+  init: Callable[[jax.Array, Any], PyTree]
+  apply: Callable[[PyTree, Any], Any]
+
+
+class HParams(Mapping):
+  """Read-only hyperparameter mapping that records which names were read."""
+
+  def __init__(self, values: Mapping[str, Any]):
+    self._values = dict(values)
+    self.read: set = set()
+
+  def __getitem__(self, name: str) -> Any:
+    self.read.add(name)
+    try:
+      return self._values[name]
+    except KeyError:
+      raise KeyError(f"hyperparameter {name!r} is not set; the candidate has "
+                     f"{sorted(self._values)}") from None
+
+  def __contains__(self, name) -> bool:
+    self.read.add(name)
+    return name in self._values
+
+  def __iter__(self) -> Iterator[str]:
+    self.read.update(self._values)
+    return iter(self._values)
+
+  def __len__(self) -> int:
+    return len(self._values)
+
+  def __repr__(self) -> str:
+    return f"HParams({self._values!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class NoisyMean:
+  """DP score: the Gaussian-noised mean of a bounded per-example value on private data.
+
+  Each example's value is clipped to [low, high], so adding or removing one
+  validation example moves the centred sum by at most (high - low) / 2; the
+  noise std is `noise_multiplier * (high - low) / 2` and the score is the
+  noisy sum divided by the (public) validation size. Its DpEvent is
+  `GaussianDpEvent(noise_multiplier)`, composed into every candidate's event.
+
+  Attributes:
+    fn: (outputs, batch) -> per-example values, shape (n,) (e.g. 1.0 for a
+      correct prediction, or minus the loss).
+    low, high: bounds with low < high (accuracy: 0 and 1).
+    noise_multiplier: sigma > 0.
+  """
+  fn: Callable[[Any, PyTree], jax.Array]
+  low: float
+  high: float
+  noise_multiplier: float
+
+  def __post_init__(self):
+    if not callable(self.fn):
+      raise ValueError(f"NoisyMean.fn must be a callable (outputs, batch) -> per-example values, "
+                       f"got {self.fn!r}")
+    _validate.real("low", self.low)
+    _validate.real("high", self.high)
+    if not self.low < self.high:
+      raise ValueError(f"NoisyMean needs low < high, got low={self.low!r}, high={self.high!r}")
+    _validate.real("noise_multiplier", self.noise_multiplier, low=0.0, low_open=True)
+
+  @property
+  def event(self) -> dp_accounting.DpEvent:
+    return dp_accounting.GaussianDpEvent(float(self.noise_multiplier))
+
+  def __call__(self, outputs, batch, key) -> jax.Array:
+    values = jnp.clip(jnp.asarray(self.fn(outputs, batch), jnp.float32), self.low, self.high)
+    mid, half = (self.high + self.low) / 2.0, (self.high - self.low) / 2.0
+    noisy = jnp.sum(values - mid) + self.noise_multiplier * half * jax.random.normal(key)
+    return noisy / values.shape[0] + mid
+
+
+@dataclasses.dataclass(frozen=True)
+class DpScore:
+  """A user's own DP score on the private validation split and its DpEvent.
+
+  jaxdp trusts `event` to describe `fn` on the private validation data
+  (add/remove-one neighbours) and composes it into every candidate's event.
+
+  Attributes:
+    fn: (outputs, batch, key) -> scalar.
+    event: its `dp_accounting.DpEvent`.
+  """
+  fn: Callable[[Any, PyTree, jax.Array], jax.Array]
+  event: dp_accounting.DpEvent
+
+  def __post_init__(self):
+    if not callable(self.fn):
+      raise ValueError(f"DpScore.fn must be a callable (outputs, batch, key) -> scalar, got {self.fn!r}")
+    if not isinstance(self.event, dp_accounting.DpEvent):
+      raise ValueError(f"DpScore.event must be a dp_accounting.DpEvent, got {self.event!r}")
+
+  def __call__(self, outputs, batch, key) -> jax.Array:
+    return self.fn(outputs, batch, key)
+
+
+PRIVATE_SCORES = (NoisyMean, DpScore)
+
+
+def default_inputs(batch: PyTree) -> Any:
+  """The model input of a batch: `batch.inputs`/`batch[0]` for tuples, `batch['x']` for dicts."""
+  if isinstance(batch, tuple):
+    return batch[0]
+  if isinstance(batch, Mapping):
+    if "x" not in batch:
+      raise ValueError(f"the default Task.inputs reads batch['x'], but the batch has keys "
+                       f"{sorted(batch)}; pass Task(inputs='<key>') or a function batch -> inputs")
+    return batch["x"]
+  raise ValueError(f"the default Task.inputs handles tuple and dict batches, got "
+                   f"{type(batch).__name__}; pass Task(inputs=<key or function>)")
+
+
+def _is_float(value: Any) -> bool:
+  return (isinstance(value, (float, np.floating)) and not isinstance(value, bool))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class Task:
+  """What one candidate trains: any model, loss, score and optimizer.
+
+  Attributes:
+    model: a `flax.linen.Module`, a `Model(init, apply)`, or a factory
+      `hparams -> Module | Model` (e.g. `lambda hp: MLP(width=hp["width"])`);
+      every hyperparameter the factory reads is static.
+    loss: per-example loss `(outputs, batch) -> (b,)` over a batch pytree
+      (`(losses, aux)` with `has_aux=True`; the aux is not used by training).
+    optimizer: factory `hparams -> optax.GradientTransformation`, e.g.
+      `lambda hp: optax.adamw(hp["learning_rate"], weight_decay=hp["weight_decay"])`.
+      It receives the mean noisy clipped gradient (noise added and divided by
+      the expected batch size q*N already), so it is post-processing.
+    score: how a trained candidate is scored for selection (higher is better):
+      a function `(outputs, batch) -> scalar` on the public `test` split, or a
+      DP score (`NoisyMean`, `DpScore`) on the private `private_validation`
+      split. None: minus the mean loss on the public `test` split.
+    inputs: the model input of a batch: a key/index, or a function batch ->
+      inputs; None means `default_inputs` (`batch[0]` or `batch['x']`).
+    has_aux: whether `loss` returns `(losses, aux)`.
+    static: hyperparameter names to treat as static even when they are
+      floats (e.g. one the optimizer factory uses in Python control flow).
+    extrapolate: for `jaxdp.tuning.subsampled_search`: `(hparams, m, n) ->
+      hparams` carrying hyperparameters tuned on m examples to a final run on
+      n (None: that search refuses the task until given one; see
+      `scale_learning_rate`).
+    name: a label for results and pools.
+  """
+  model: Any
+  loss: Callable[[Any, PyTree], Any]
+  optimizer: Callable[[Mapping[str, Any]], optax.GradientTransformation]
+  score: Any = None
+  inputs: Any = None
+  has_aux: bool = False
+  static: tuple = ()
+  extrapolate: Optional[Callable[[Mapping[str, Any], int, int], Mapping[str, Any]]] = None
+  name: str = "task"
+
+  def __post_init__(self):
+    if not (isinstance(self.model, (nn.Module, Model)) or callable(self.model)):
+      raise ValueError(f"model must be a flax.linen.Module, a jaxdp.train.Model(init, apply) or a "
+                       f"factory hparams -> model, got {self.model!r}")
+    if not callable(self.loss):
+      raise ValueError(f"loss must be a callable (outputs, batch) -> per-example losses, got {self.loss!r}")
+    if not callable(self.optimizer) or isinstance(self.optimizer, optax.GradientTransformation):
+      raise ValueError(f"optimizer must be a factory hparams -> optax.GradientTransformation "
+                       f"(e.g. lambda hp: optax.sgd(hp['learning_rate'])), got {self.optimizer!r}")
+    if self.score is not None and not callable(self.score):
+      raise ValueError(f"score must be None, a callable (outputs, batch) -> scalar, NoisyMean or "
+                       f"DpScore, got {self.score!r}")
+    if self.inputs is not None and not (callable(self.inputs) or isinstance(self.inputs, (str, int))):
+      raise ValueError(f"inputs must be None, a key/index or a function batch -> inputs, got {self.inputs!r}")
+    if not isinstance(self.has_aux, bool):
+      raise ValueError(f"has_aux must be a bool, got {self.has_aux!r}")
+    if isinstance(self.static, str) or not all(isinstance(s, str) for s in self.static):
+      raise ValueError(f"static must be a tuple of hyperparameter names, got {self.static!r}")
+    object.__setattr__(self, "static", tuple(self.static))
+    if self.extrapolate is not None and not callable(self.extrapolate):
+      raise ValueError(f"extrapolate must be None or a callable (hparams, m, n) -> hparams, "
+                       f"got {self.extrapolate!r}")
+
+  # -- the pieces the trainer uses -------------------------------------------
+
+  @property
+  def private_score(self) -> bool:
+    """True if the score is DP and reads the private validation split."""
+    return isinstance(self.score, PRIVATE_SCORES)
+
+  @property
+  def score_event(self) -> Optional[dp_accounting.DpEvent]:
+    """The DpEvent of one scoring (None for a public score)."""
+    return self.score.event if self.private_score else None
+
+  def model_for(self, hparams: Mapping[str, Any]) -> Model:
+    """The `Model` for these (static) hyperparameters."""
+    model = self.model
+    if not isinstance(model, (nn.Module, Model)):
+      model = model(hparams)
+    if isinstance(model, nn.Module):
+      return Model(model.init, model.apply)
+    if isinstance(model, Model):
+      return model
+    raise ValueError(f"the model factory of task {self.name!r} must return a flax.linen.Module or a "
+                     f"jaxdp.train.Model, got {type(model).__name__}")
+
+  def model_reads(self, hparams: Mapping[str, Any]) -> set:
+    """Names the model factory reads from `hparams` (empty for a fixed model)."""
+    if isinstance(self.model, (nn.Module, Model)):
+      return set()
+    tracked = HParams(hparams)
+    self.model_for(tracked)
+    return tracked.read
+
+  def split_hparams(self, hparams: Mapping[str, Any]) -> tuple[dict, dict]:
+    """(static, traced): traced are the floats neither the model nor `static` claims."""
+    claimed = self.model_reads(hparams) | set(self.static)
+    static, traced = {}, {}
+    for name, value in hparams.items():
+      (traced if _is_float(value) and name not in claimed else static)[name] = value
+    return static, traced
+
+  def model_inputs(self, batch: PyTree) -> Any:
+    if self.inputs is None:
+      return default_inputs(batch)
+    if callable(self.inputs):
+      return self.inputs(batch)
+    return batch[self.inputs]
+
+  def per_example_loss(self, model: Model) -> Callable[[PyTree, PyTree], jax.Array]:
+    """(params, batch) -> per-example losses (b,)."""
+    def loss(params, batch):
+      out = self.loss(model.apply(params, self.model_inputs(batch)), batch)
+      return out[0] if self.has_aux else out
+    return loss
+
+  def public_score(self, outputs, batch) -> jax.Array:
+    """The selection score on public data (the task's plain score, or -mean loss)."""
+    if self.score is None or self.private_score:
+      losses = self.loss(outputs, batch)
+      return -jnp.mean(losses[0] if self.has_aux else losses)
+    return self.score(outputs, batch)
+
+  def optimizer_for(self, hparams: Mapping[str, Any]) -> optax.GradientTransformation:
+    opt = self.optimizer(hparams)
+    if not isinstance(opt, optax.GradientTransformation):
+      raise ValueError(f"the optimizer factory of task {self.name!r} must return an "
+                       f"optax.GradientTransformation, got {type(opt).__name__}")
+    return opt
+
+
+def scale_learning_rate(name: str = "learning_rate") -> Callable[[Mapping, int, int], dict]:
+  """Koskela-Kulkarni's DP-SGD extrapolation: hparams[name] x n / m.
+
+  DP-SGD's update is the clipped-gradient sum divided by the expected batch
+  q*N; keeping the noise-to-signal ratio per step from m tuning examples to n
+  final ones multiplies the learning rate by n/m (KK 2023, Sec. 4). It assumes
+  the data set sizes m and n are public. Adam-type optimizers are scale
+  invariant: use `keep_hparams` for them.
+  """
+  def extrapolate(hparams, m, n):
+    out = dict(hparams)
+    out[name] = hparams[name] * n / m
+    return out
+  return extrapolate
+
+
+def keep_hparams(hparams: Mapping[str, Any], m: int, n: int) -> dict:
+  """The identity extrapolation (scale-invariant optimizers such as Adam)."""
+  del m, n
+  return dict(hparams)
+
+
+def check_scalar(name: str, shape_dtype) -> None:
+  if not hasattr(shape_dtype, "shape") or tuple(shape_dtype.shape) != ():
+    raise ValueError(f"{name} must return a scalar, got {getattr(shape_dtype, 'shape', shape_dtype)!r}")
+
+
+def real_hparam(name: str, value: Any) -> Any:
+  """Checks a float hyperparameter is finite (Python numbers only; others pass)."""
+  if _is_float(value) and not math.isfinite(float(value)):
+    raise ValueError(f"hyperparameter {name!r} must be finite, got {value!r}")
+  if isinstance(value, numbers.Number) and not isinstance(value, (bool, numbers.Real)):
+    raise ValueError(f"hyperparameter {name!r} must be real, got {value!r}")
+  return value
+

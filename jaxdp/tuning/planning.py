@@ -1,0 +1,176 @@
+"""Before any training: the search's DpEvent, noise for a target epsilon, and a dry run.
+
+Every tuner accounts a candidate as the DpEvent of the configurations that
+run (`TrainConfig.dp_event`, built from the same `DpSgdPlan` the trainer
+uses, with the DP score's event composed in); a grid whose candidates differ
+in privacy is accounted as `UniformCandidates` over their events (Koskela &
+Kulkarni 2023, Lemma 1), since which one runs depends on the draws.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional
+
+import dp_accounting
+import numpy as np
+
+from jaxdp import _validate
+from jaxdp import accounting as acc
+from jaxdp.accounting import inverse
+from jaxdp.data import Dataset
+from jaxdp.sweep.space import SearchSpace
+from jaxdp.train import trainer as tr
+
+#: The largest noise multiplier `calibrate_noise` tries.
+SIGMA_MAX = 1e3
+
+
+def candidate_event(space: SearchSpace, num_examples: int) -> dp_accounting.DpEvent:
+  """One candidate's guarantee: its DpEvent, or the worst over the grid (KK Lemma 1)."""
+  events = space.events(num_examples)
+  return events[0] if len(events) == 1 else acc.UniformCandidates(events)
+
+
+def with_noise(space: SearchSpace, sigma: float) -> SearchSpace:
+  """`space` with every candidate's noise multiplier set to `sigma`."""
+  return SearchSpace(space.base.replace(noise_multiplier=float(sigma)), space.grid, space.derive)
+
+
+def calibrate_noise(space: SearchSpace, num_examples: int, outer: Callable[[Any], Any], *,
+                    target_epsilon: float, delta: float) -> float:
+  """Smallest sigma (within 0.1%) for which the whole search meets (target_epsilon, delta).
+
+  Args:
+    space: the search space; its grid must not vary `noise_multiplier`.
+    num_examples: N (public).
+    outer: candidate event -> the search's event (e.g. RepeatAndSelect with K's law).
+    target_epsilon: the budget of the whole search, > 0.
+    delta: in (0, 1).
+
+  Returns:
+    sigma; the search with it re-accounts to at most `target_epsilon` ("best").
+
+  Raises:
+    ValueError: the grid varies sigma, or no sigma <= 1e3 meets the target
+      (e.g. a DP score alone already spends more).
+  """
+  target_epsilon = _validate.real("target_epsilon", target_epsilon, low=0.0, low_open=True)
+  if "noise_multiplier" in space.grid:
+    raise ValueError("target_epsilon sets noise_multiplier for the whole search: remove "
+                     "'noise_multiplier' from the grid")
+
+  def make_event(sigma):
+    return outer(candidate_event(with_noise(space, sigma), num_examples))
+
+  return inverse.noise_for(make_event, target_epsilon, delta, sigma_max=SIGMA_MAX,
+                       where=" for this search")
+
+
+def k_quantile(repetitions: acc.KDistribution, p: float) -> int:
+  """Smallest k with P(K <= k) >= p."""
+  hi = 1
+  while float(repetitions.sf(hi)) > 1.0 - p:
+    hi *= 2
+  lo = -1
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if float(repetitions.sf(mid)) <= 1.0 - p else (mid, hi)
+  return hi
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """Candidates that share one compiled program.
+
+  Attributes:
+    static: the static hyperparameters.
+    traced: names vmapped within the group.
+    grid_points: how many grid points fall in it.
+    sampling_prob: q.
+    steps: DP steps per candidate.
+    padded_batch_size: rows per step on the common path.
+  """
+  static: Mapping[str, Any]
+  traced: tuple
+  grid_points: int
+  sampling_prob: float
+  steps: int
+  padded_batch_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DryRun:
+  """What a private random search would do, computed without training.
+
+  Attributes:
+    epsilon: epsilon of the whole search at `delta` ("best").
+    delta: delta.
+    event: the accounted event.
+    repetitions: K's law.
+    expected_candidates: E[K].
+    prob_zero: P(K = 0) (nothing released).
+    k_quantiles: (median, 90%, 99%) of K.
+    noise_multiplier: the calibrated sigma when `target_epsilon` was given,
+      else None.
+    groups: the compiled groups (`Group`).
+    expected_steps: E[K] x mean over the grid of DP steps.
+    expected_gradient_evaluations: E[K] x mean over the grid of steps x q N.
+    score_source: where the score is computed and whether it is accounted.
+  """
+  epsilon: float
+  delta: float
+  event: Any
+  repetitions: acc.KDistribution
+  expected_candidates: float
+  prob_zero: float
+  k_quantiles: tuple
+  noise_multiplier: Optional[float]
+  groups: tuple
+  expected_steps: float
+  expected_gradient_evaluations: float
+  score_source: str
+
+  def __str__(self) -> str:
+    sigma = "" if self.noise_multiplier is None else f", calibrated sigma={self.noise_multiplier:.4f}"
+    lines = [
+        f"private random search: epsilon={self.epsilon:.4f} at delta={self.delta:g}{sigma}",
+        f"K ~ {self.repetitions}: E[K]={self.expected_candidates:g}, P(K=0)={self.prob_zero:.3g}, "
+        f"median/90%/99% = {'/'.join(str(k) for k in self.k_quantiles)}",
+        f"score: {self.score_source}",
+        f"compute: E[DP steps]={self.expected_steps:,.0f}, "
+        f"E[per-example gradients]={self.expected_gradient_evaluations:,.0f}",
+        f"{len(self.groups)} compiled group(s):",
+    ]
+    for g in self.groups:
+      lines.append(f"  {g.grid_points} grid point(s), static {dict(g.static)}, traced "
+                   f"{list(g.traced)}, q={g.sampling_prob:.4g}, steps={g.steps}, "
+                   f"padded batch={g.padded_batch_size}")
+    return "\n".join(lines)
+
+
+def groups_of(space: SearchSpace, data: Dataset) -> tuple:
+  """The compiled groups of a grid on `data`, in first-seen order."""
+  counts: dict = {}
+  for config in space.configs:
+    spec = tr.LoopSpec.from_config(config, data)
+    counts[spec] = counts.get(spec, 0) + 1
+  return tuple(Group(static=dict(s.static_hparams), traced=s.traced_names, grid_points=c,
+                     sampling_prob=s.sampling_prob, steps=s.num_steps,
+                     padded_batch_size=s.padded_batch_size) for s, c in counts.items())
+
+
+def dry_run_report(space: SearchSpace, data: Dataset, repetitions: acc.KDistribution, delta: float,
+                   event, epsilon: float, sigma: Optional[float]) -> DryRun:
+  n = data.num_examples
+  steps = np.array([c.num_steps_for(n) for c in space.configs], float)
+  grads = np.array([c.num_steps_for(n) * c.sampling_prob_for(n) * n for c in space.configs])
+  mean_k = float(repetitions.mean)
+  return DryRun(
+      epsilon=epsilon, delta=delta, event=event, repetitions=repetitions,
+      expected_candidates=mean_k, prob_zero=repetitions.prob_zero,
+      k_quantiles=tuple(k_quantile(repetitions, p) for p in (0.5, 0.9, 0.99)),
+      noise_multiplier=sigma, groups=groups_of(space, data),
+      expected_steps=mean_k * float(steps.mean()),
+      expected_gradient_evaluations=mean_k * float(grads.mean()),
+      score_source=tr.score_source(space.base.task))
