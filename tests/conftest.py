@@ -21,9 +21,9 @@ def digits():
 @pytest.fixture(scope="session")
 def base_config():
   """A DP logistic regression that trains in about a second."""
-  from jaxdp.train import TrainConfig  # pylint: disable=g-import-not-at-top
-  return TrainConfig(l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.05, steps=30,
-                     learning_rate=1.0, model="logreg")
+  from jaxdp.train import TrainConfig, presets  # pylint: disable=g-import-not-at-top
+  return TrainConfig(task=presets.classifier(10), l2_clip_norm=1.0, noise_multiplier=1.0,
+                     sampling_prob=0.05, steps=30, hparams=dict(learning_rate=1.0, model="logreg"))
 
 
 @pytest.fixture(scope="session")
