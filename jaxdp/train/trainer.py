@@ -543,8 +543,13 @@ def check_data(task: Task, data: Dataset) -> None:
                      "on Dataset(private_validation=...)")
 
 
+_CHECKED: set = set()
+
+
 def check_task(spec: LoopSpec, data: Dataset) -> None:
   """Shape-checks the task on `data` (no compilation, no training).
+
+  A spec that passed on splits of the same shapes is not traced again.
 
   Raises:
     ValueError: the model cannot take the inputs, the loss does not fit the
@@ -553,6 +558,19 @@ def check_task(spec: LoopSpec, data: Dataset) -> None:
   """
   task = spec.task
   check_data(task, data)
+  split = data.private_validation if task.private_score else data.test
+  memo = (spec, jax.tree.structure(split),
+          tuple((np.shape(x), np.asarray(x[:1]).dtype.str) for x in jax.tree.leaves(split)))
+  if memo in _CHECKED:
+    return
+  _check_task(spec, data)
+  if len(_CHECKED) > 256:
+    _CHECKED.clear()
+  _CHECKED.add(memo)
+
+
+def _check_task(spec: LoopSpec, data: Dataset) -> None:
+  task = spec.task
   two = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((2,) + np.shape(leaf)[1:], jnp.asarray(leaf[:1]).dtype),
                      data.train)
   try:
