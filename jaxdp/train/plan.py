@@ -56,6 +56,7 @@ class DpSgdPlan:
     sampling_prob: q in (0, 1], static.
     num_steps: T, static.
     num_examples: N, static; treated as public (updates divide by q*N).
+      None only for a plan that is accounted, never run.
   """
   l2_clip_norm: Any
   noise_multiplier: Any
@@ -65,6 +66,8 @@ class DpSgdPlan:
 
   @property
   def expected_batch_size(self) -> float:
+    if self.num_examples is None:
+      raise ValueError("this DpSgdPlan has no num_examples: it can be accounted, not run")
     return self.sampling_prob * self.num_examples
 
   def dp_event(self) -> dp_accounting.DpEvent:

@@ -200,9 +200,13 @@ class TrainConfig:
     """Planned DP steps (configs given by sampling_prob or steps; else `num_steps_for(N)`)."""
     return self.num_steps_for(None)
 
-  def plan(self, num_examples: int) -> DpSgdPlan:
-    """The run's `DpSgdPlan` on a training set of `num_examples` examples."""
-    n = _validate.integer("num_examples", num_examples, low=1)
+  def plan(self, num_examples: Optional[int] = None) -> DpSgdPlan:
+    """The run's `DpSgdPlan` on a training set of `num_examples` examples.
+
+    N may be omitted only for accounting a config given by `sampling_prob`
+    (training always knows it).
+    """
+    n = None if num_examples is None else _validate.integer("num_examples", num_examples, low=1)
     return DpSgdPlan(l2_clip_norm=float(self.l2_clip_norm), noise_multiplier=float(self.noise_multiplier),
                      sampling_prob=self.sampling_prob_for(n), num_steps=self.num_steps_for(n),
                      num_examples=n)
@@ -210,11 +214,10 @@ class TrainConfig:
   def dp_event(self, num_examples: Optional[int] = None) -> dp_accounting.DpEvent:
     """The candidate's DpEvent: its training (and its DP score's event, composed).
 
-    Built from the same `DpSgdPlan` the trainer runs; `num_examples` is needed
+    Built by the same `DpSgdPlan` the trainer runs; `num_examples` is needed
     only when the config gives `batch_size` (q = batch_size / N).
     """
-    q = self.sampling_prob_for(num_examples)
-    train = acc_events.dpsgd_event(q, float(self.noise_multiplier), self.num_steps_for(num_examples))
+    train = self.plan(num_examples).dp_event()
     score = self.task.score_event
     return train if score is None else dp_accounting.ComposedDpEvent([train, score])
 
