@@ -2,7 +2,7 @@
 
 Subpackages:
   accounting  (eps, delta) of "run a DP training K times, release the best" and friends.
-  train       DP-SGD / DP-Adam with per-example clipping and honest Poisson sampling.
+  train       DP-SGD of any task (Flax model, loss, score, optax optimizer) with one DP plan.
   models      the networks of the papers (Flax).
   data        TFDS loaders and offline MNIST / digits.
   sweep       many candidates in one compiled program, a durable pool, a trial simulator.
