@@ -1,0 +1,167 @@
+"""Empirical lower bounds on epsilon from a distinguishing game.
+
+An (epsilon, delta)-DP mechanism M and neighbouring data sets D, D' satisfy,
+for every test ("guess D' when the statistic is >= t"),
+
+  TPR <= e^eps FPR + delta   and   TNR <= e^eps FNR + delta,
+
+where TPR = P[stat(M(D')) >= t], FPR = P[stat(M(D)) >= t], TNR = 1 - FPR and
+FNR = 1 - TPR. So any test whose rates are known gives
+
+  eps >= log((TPR - delta) / FPR)   and   eps >= log((TNR - delta) / FNR).
+
+From finite trials the rates are only estimated: `epsilon_lower_bound` picks
+the threshold and the direction on the first half of the trials, then
+evaluates that one test on the second half with exact one-sided
+Clopper-Pearson bounds (a lower bound on the numerator rate and an upper bound
+on the denominator rate, each at level (1 - confidence) / 2). Choosing on
+data the bound is not computed from, and a union bound over the two
+intervals, make the result a lower bound on the true epsilon with
+probability at least `confidence`, whatever the mechanism.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from scipy import stats
+
+from jaxdp import _validate
+
+
+def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
+  """Exact one-sided (lower, upper) bounds on a binomial rate, each at level `alpha`.
+
+  P[rate < lower] <= alpha and P[rate > upper] <= alpha over the draws.
+  """
+  k = _validate.integer("successes", successes, low=0)
+  n = _validate.integer("trials", trials, low=1)
+  if k > n:
+    raise ValueError(f"successes must be in [0, trials={n}], got {k}")
+  alpha = _validate.probability("alpha", alpha)
+  lower = 0.0 if k == 0 else float(stats.beta.ppf(alpha, k, n - k + 1))
+  upper = 1.0 if k == n else float(stats.beta.ppf(1.0 - alpha, k + 1, n - k))
+  return lower, upper
+
+
+def _bound(num, den, delta):
+  """log((num - delta) / den), 0 where it is not positive, inf where den = 0 (vectorised)."""
+  num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    value = np.log((num - delta) / den)
+  value = np.where(den <= 0, np.inf, value)
+  out = np.where(num - delta <= 0, 0.0, np.maximum(value, 0.0))
+  return float(out) if out.ndim == 0 else out
+
+
+def _cp_lower(k, n, alpha):
+  k = np.asarray(k, np.float64)
+  with np.errstate(invalid="ignore"):
+    return np.where(k <= 0, 0.0, stats.beta.ppf(alpha, np.maximum(k, 1), n - k + 1))
+
+
+def _cp_upper(k, n, alpha):
+  k = np.asarray(k, np.float64)
+  with np.errstate(invalid="ignore"):
+    return np.where(k >= n, 1.0, stats.beta.ppf(1.0 - alpha, k + 1, np.maximum(n - k, 1)))
+
+
+def _best_test(without: np.ndarray, with_: np.ndarray, delta: float, alpha: float) -> tuple:
+  """(threshold, direction) maximising the confidence bound on these trials."""
+  thresholds = np.unique(np.concatenate([without, with_]))
+  n0, n1 = without.size, with_.size
+  fp = n0 - np.searchsorted(np.sort(without), thresholds, side="left")   # without >= t
+  tp = n1 - np.searchsorted(np.sort(with_), thresholds, side="left")     # with >= t
+  by_tpr = _bound(_cp_lower(tp, n1, alpha), _cp_upper(fp, n0, alpha), delta)
+  by_tnr = _bound(_cp_lower(n0 - fp, n0, alpha), _cp_upper(n1 - tp, n1, alpha), delta)
+  i, j = int(np.argmax(by_tpr)), int(np.argmax(by_tnr))
+  if by_tnr[j] > by_tpr[i]:
+    return float(thresholds[j]), "tnr"
+  return float(thresholds[i]), "tpr"
+
+
+@dataclasses.dataclass(frozen=True)
+class EpsilonLowerBound:
+  """An empirical lower bound on epsilon at `delta`.
+
+  Attributes:
+    epsilon: the lower bound (>= 0); the true epsilon is at least this with
+      probability >= `confidence`.
+    delta: the delta it is for.
+    confidence: the level, e.g. 0.95.
+    threshold: the test "statistic >= threshold means D'" chosen on the
+      first half of the trials.
+    direction: 'tpr' (bound from TPR/FPR) or 'tnr' (from TNR/FNR).
+    tpr, fpr: the test's empirical rates on the second half.
+    trials_without, trials_with: trials on D and on D' (both halves).
+  """
+  epsilon: float
+  delta: float
+  confidence: float
+  threshold: float
+  direction: str
+  tpr: float
+  fpr: float
+  trials_without: int
+  trials_with: int
+
+
+def max_certifiable(trials_without: int, trials_with: int, delta: float, confidence: float) -> float:
+  """The largest lower bound these trial counts can give (perfect separation)."""
+  alpha = (1.0 - confidence) / 2.0
+  n0, n1 = trials_without - trials_without // 2, trials_with - trials_with // 2
+  lo = clopper_pearson(n1, n1, alpha)[0]
+  hi = clopper_pearson(0, n0, alpha)[1]
+  return _bound(lo, hi, delta)
+
+
+def epsilon_lower_bound(without, with_, *, delta: float, confidence: float = 0.95) -> EpsilonLowerBound:
+  """Lower bound on epsilon from a statistic's values on D (`without`) and D' (`with_`).
+
+  Args:
+    without: the statistic of the released output in trials on D, 1-d.
+    with_: the same on D' (D plus the canary), 1-d.
+    delta: in (0, 1).
+    confidence: in (0, 1): the bound holds with at least this probability.
+
+  Returns:
+    An `EpsilonLowerBound`.
+
+  Raises:
+    ValueError: delta or confidence outside (0, 1), statistics that are not
+      1-d finite arrays, or too few trials for the confidence: even a perfect
+      test on them could not certify any epsilon > 0.
+  """
+  delta = _validate.probability("delta", delta)
+  confidence = _validate.probability("confidence", confidence)
+  arrays = []
+  for name, values in (("without", without), ("with_", with_)):
+    a = np.asarray(values, dtype=np.float64)
+    if a.ndim != 1:
+      raise ValueError(f"{name} must be a 1-d array of scalar statistics (one per trial), got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+      raise ValueError(f"{name} must be finite (map 'nothing released' to a finite value)")
+    if a.size < 2:
+      raise ValueError(f"{name} needs at least 2 trials (half choose the test, half evaluate it), got {a.size}")
+    arrays.append(a)
+  without, with_ = arrays
+  ceiling = max_certifiable(without.size, with_.size, delta, confidence)
+  if ceiling <= 0:
+    raise ValueError(
+        f"trials={without.size}+{with_.size} are too few for confidence={confidence!r} at delta={delta!r}: "
+        "even a perfect test on the evaluation half could not certify epsilon > 0; run more trials")
+  alpha = (1.0 - confidence) / 2.0
+  h0, h1 = without.size // 2, with_.size // 2
+  threshold, direction = _best_test(without[:h0], with_[:h1], delta, alpha)
+  e0, e1 = without[h0:], with_[h1:]
+  fp, tp = int(np.sum(e0 >= threshold)), int(np.sum(e1 >= threshold))
+  n0, n1 = e0.size, e1.size
+  if direction == "tpr":
+    value = _bound(clopper_pearson(tp, n1, alpha)[0], clopper_pearson(fp, n0, alpha)[1], delta)
+  else:
+    value = _bound(clopper_pearson(n0 - fp, n0, alpha)[0], clopper_pearson(n1 - tp, n1, alpha)[1], delta)
+  return EpsilonLowerBound(epsilon=value, delta=delta, confidence=confidence, threshold=threshold,
+                           direction=direction, tpr=tp / n1, fpr=fp / n0,
+                           trials_without=without.size, trials_with=with_.size)
