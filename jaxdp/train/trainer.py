@@ -586,7 +586,8 @@ def _check_task(spec: LoopSpec, data: Dataset) -> None:
     params = jax.eval_shape(model.init, jax.random.key(0), inputs)
     outputs = jax.eval_shape(model.apply, params, inputs)
   except Exception as err:  # pylint: disable=broad-except
-    raise ValueError(f"task {task.name!r}: the model cannot take inputs of shape "
+    raise ValueError(f"task {task.name!r}: the model (static hyperparameters "
+                     f"{dict(spec.static_hparams)}) cannot take inputs of shape "
                      f"{jax.tree.map(lambda s: s.shape, inputs)}: {type(err).__name__}: {err}") from err
   try:
     losses = jax.eval_shape(task.per_example_loss(model), params, two)
