@@ -1,10 +1,16 @@
 """Throughput of one jitted DP-SGD step vs a non-private SGD step; prints JSON.
 
 Model: the Papernot-Steinke all-convolutional CNN (jaxdp.models), batch 256 of
-28x28x1, tanh.  The DP step is the library path used by `train_candidate`:
-`clipped_grad_sum` (vmap per-example gradients, clip, masked sum) followed by
-`dp_sgd` (Gaussian noise, division by the expected batch size, SGD).  Both
-steps are measured in this process, alternating, median of repeats.
+28x28x1, tanh, as the classifier preset task (`jaxdp.train.presets.classifier`
+with hyperparameters model='papernot_steinke_cnn', learning_rate=0.1).  The DP
+step is the library path used by `train_candidate`: the task's per-example
+loss over a `DataSplit` batch, `DpSgdPlan.clipped_grad` (`clipped_grad_sum`:
+vmap per-example gradients, clip, masked sum) followed by the plan's
+`privatizer` (Gaussian noise of std sigma x the clipped gradient's
+sensitivity, division by the expected batch size) chained with the task's
+optimizer (`presets.classifier_optimizer`: SGD with coupled weight decay 0).
+The non-private step applies plain `optax.sgd` to the mean loss's gradient.
+Both steps are measured in this process, alternating, median of repeats.
 
 Variants tried (reported under "variants"):
   * im2col convolutions (library default) vs XLA native convolutions: vmap of
@@ -32,47 +38,50 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxdp.models import PapernotSteinkeCNN
-from jaxdp.train import clipped_grad_sum, dp_sgd
+from jaxdp.data import DataSplit
+from jaxdp.train import DpSgdPlan, presets
+
+HPARAMS = dict(model="papernot_steinke_cnn", activation="tanh", learning_rate=0.1)
 
 
 def _steps(conv_impl: str, batch: int, microbatches: int, image_size: int = 28):
-  model = PapernotSteinkeCNN(num_classes=10, activation="tanh", conv_impl=conv_impl)
-
-  def loss_fn(params, x, y):
-    return optax.softmax_cross_entropy_with_integer_labels(model.apply(params, x), y)
-
-  sgd = optax.sgd(0.1)
+  task = presets.classifier(10, conv_impl=conv_impl)
+  model = task.model_for(HPARAMS)
+  loss_fn = task.per_example_loss(model)  # (params, DataSplit batch) -> (b,)
+  optimizer = task.optimizer_for(HPARAMS)
+  sgd = optax.sgd(HPARAMS["learning_rate"])
 
   @jax.jit
-  def nonprivate_step(params, opt_state, x, y):
-    grads = jax.grad(lambda p: loss_fn(p, x, y).mean())(params)
+  def nonprivate_step(params, opt_state, batch_):
+    grads = jax.grad(lambda p: loss_fn(p, batch_).mean())(params)
     updates, opt_state = sgd.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  dp = dp_sgd(learning_rate=0.1, l2_clip_norm=1.0, noise_multiplier=1.0,
-              expected_batch_size=float(batch), key=jax.random.key(0))
+  # q = 1 on N = batch examples: the privatizer divides the noisy sum by q*N = the batch.
+  plan = DpSgdPlan(l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=1.0, num_steps=1,
+                   num_examples=batch)
+  clipped = plan.clipped_grad(loss_fn)
+  dp = optax.chain(plan.privatizer(clipped, jax.random.key(0)), optimizer)
 
   @jax.jit
-  def dp_step(params, opt_state, x, y, mask):
+  def dp_step(params, opt_state, batch_, mask):
     if microbatches == 1:
-      grad_sum, _ = clipped_grad_sum(loss_fn, params, x, y, mask, 1.0)
+      grad_sum = clipped(params, batch_, mask)
     else:
       m = batch // microbatches
       split = lambda a: a.reshape((microbatches, m) + a.shape[1:])
-      parts, _ = jax.lax.map(lambda t: clipped_grad_sum(loss_fn, params, *t, 1.0),
-                             (split(x), split(y), split(mask)))
+      parts = jax.lax.map(lambda t: clipped(params, *t), jax.tree.map(split, (batch_, mask)))
       grad_sum = jax.tree.map(lambda g: g.sum(0), parts)
     updates, opt_state = dp.update(grad_sum, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
   x = jax.random.normal(jax.random.key(1), (batch, image_size, image_size, 1))
-  y = jnp.arange(batch) % 10
+  data = DataSplit(x, jnp.arange(batch) % 10)
   mask = jnp.ones(batch, bool)
   params = jax.jit(model.init)(jax.random.key(2), x[:1])
   np_state, dp_state = sgd.init(params), dp.init(params)
-  return (lambda: nonprivate_step(params, np_state, x, y),
-          lambda: dp_step(params, dp_state, x, y, mask))
+  return (lambda: nonprivate_step(params, np_state, data),
+          lambda: dp_step(params, dp_state, data, mask))
 
 
 def _time(fn, repeats: int) -> list[float]:

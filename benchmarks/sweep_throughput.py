@@ -31,7 +31,7 @@ from jaxdp import accounting as acc
 from jaxdp.data import load_dataset
 from jaxdp.sweep import SearchSpace, engine, grid_candidates, simulate
 from jaxdp.sweep.simulate import PoolTable
-from jaxdp.train import TrainConfig, train_candidate
+from jaxdp.train import TrainConfig, presets, train_candidate
 
 
 def _timed(fn):
@@ -54,8 +54,9 @@ def main(argv=None) -> int:
     args.candidates, args.steps, args.model, args.trials, args.means = 2, 2, "logreg", 5, 2
 
   data = load_dataset("mnist_offline")
-  base = TrainConfig(l2_clip_norm=1.0, noise_multiplier=1.1, sampling_prob=64 / data.train.inputs.shape[0],
-                     steps=args.steps, learning_rate=0.5, model=args.model)
+  base = TrainConfig(task=presets.classifier(data.num_classes), l2_clip_norm=1.0, noise_multiplier=1.1,
+                     sampling_prob=64 / data.num_examples, steps=args.steps,
+                     hparams=dict(learning_rate=0.5, model=args.model))
   lrs = list(np.geomspace(0.05, 2.0, args.candidates))
   cands = grid_candidates(SearchSpace(base, {"learning_rate": lrs}), seeds=[0])
   devices = jax.devices()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import importlib.metadata
+import math
 import json
 import os
 import shutil
@@ -111,10 +114,59 @@ def write_json(path: str, obj) -> None:
     f.write("\n")
 
 
+#: Every data set of the figure pipelines (MNIST, FashionMNIST, the digits) has 10 classes.
+NUM_CLASSES = 10
+
+
+@functools.lru_cache(maxsize=None)
+def classifier_task(num_classes: int = NUM_CLASSES, conv_impl: str = "im2col"):
+  """The papers' classifier preset (`jaxdp.train.presets.classifier`), one object per arguments.
+
+  Tasks compare by identity and key the compiled programs, so every config of
+  a pipeline shares this one object (a new task per search space would
+  recompile the same program). Its name records the preset's arguments, so
+  manifests and pool fingerprints say which task ran.
+  """
+  from jaxdp.train import presets  # pylint: disable=g-import-not-at-top
+  return presets.classifier(num_classes, conv_impl=conv_impl,
+                            name=f"classifier(num_classes={num_classes}, conv_impl={conv_impl})")
+
+
+def _json_value(value):
+  """A JSON-safe stand-in for one config value (numbers, strings, None pass; objects by repr)."""
+  if isinstance(value, bool) or value is None or isinstance(value, str):
+    return value
+  try:
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    if isinstance(value, np.generic):
+      value = value.item()
+  except ImportError:  # pragma: no cover
+    pass
+  if isinstance(value, int):
+    return value
+  if isinstance(value, float):
+    return value if math.isfinite(value) else repr(value)
+  return repr(value)
+
+
+def config_record(config) -> dict:
+  """A JSON-safe description of a `TrainConfig`, for manifests and pool fingerprints.
+
+  The task (functions, a Flax module) is not serialisable: it is recorded by
+  its name, followed by every config field, the hyperparameters and the
+  execution settings. Deterministic across processes (no object addresses).
+  """
+  from jaxdp.train import CONFIG_FIELDS  # pylint: disable=g-import-not-at-top
+  record = {"task": config.task.name}
+  record.update({name: _json_value(getattr(config, name)) for name in CONFIG_FIELDS})
+  record["hparams"] = {k: _json_value(v) for k, v in sorted(config.hparams.items())}
+  record["execution"] = {k: _json_value(v) for k, v in dataclasses.asdict(config.execution).items()}
+  return record
+
+
 def run_one_dp_step(config, dataset: str) -> None:
   """Dry run: one DP step of `config` on `dataset`, or on the offline MNIST
   digits with the same model and hyperparameters when TFDS cannot download."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from jaxdp.data import DatasetUnavailableError, load_dataset  # pylint: disable=g-import-not-at-top
   from jaxdp.train import train_candidate  # pylint: disable=g-import-not-at-top
@@ -123,7 +175,7 @@ def run_one_dp_step(config, dataset: str) -> None:
   except DatasetUnavailableError as err:
     print(f"  {err}\n  -> dry run continues on 'mnist_offline' with the same model and hyperparameters")
     data = load_dataset("mnist_offline")
-  one_step = dataclasses.replace(config, epochs=None, steps=1)
+  one_step = config.replace(steps=1)  # clears epochs
   res = train_candidate(one_step, data, jax.random.key(0))
-  print(f"  one DP step ran: steps={res.steps}, test accuracy {res.test_accuracy:.3f}, "
+  print(f"  one DP step ran: steps={res.steps}, test score {res.test_score:.3f}, "
         f"{res.wall_time_s:.1f} s (compilation included)")

@@ -81,11 +81,14 @@ PROFILES = {
 
 
 def base_config(profile: Profile, num_train: int):
+  """The profile's `TrainConfig` at its first learning rate (the classifier preset task)."""
   from jaxdp.train import TrainConfig  # pylint: disable=g-import-not-at-top
-  return TrainConfig(l2_clip_norm=profile.l2_clip_norm, noise_multiplier=profile.noise_multiplier,
+  return TrainConfig(task=common.classifier_task(), l2_clip_norm=profile.l2_clip_norm,
+                     noise_multiplier=profile.noise_multiplier,
                      sampling_prob=profile.batch_size / num_train, epochs=profile.epochs,
-                     learning_rate=profile.learning_rates[0], model=profile.model,
-                     activation=profile.activation, target_delta=DELTA)
+                     target_delta=DELTA,
+                     hparams=dict(learning_rate=profile.learning_rates[0], model=profile.model,
+                                  activation=profile.activation))
 
 
 def distributions(profile: Profile):
@@ -165,7 +168,7 @@ def dry_run(profile: Profile) -> int:
   """Builds the profile's configuration and runs one DP step (CI-sized check)."""
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
   config = base_config(profile, profile.num_train or 60000)
-  print(f"profile {profile.name}: {config}")
+  print(f"profile {profile.name}: {common.config_record(config)}")
   print(f"  steps per run: {config.num_steps}; epsilon of one run at delta={DELTA:g}: "
         f"{acc.epsilon(config.dp_event(), DELTA, 'rdp'):.4f} (rdp)")
   common.run_one_dp_step(config, profile.dataset)
@@ -185,19 +188,22 @@ def run(profile: Profile, out_dir: str, pool_dir: str, data_dir: Optional[str] =
   config = base_config(profile, n)
   space = SearchSpace(config, {"learning_rate": list(profile.learning_rates)})
   candidates = grid_candidates(space, profile.seeds)
+  # The task (name = preset and its arguments), every config field and the hyperparameters:
+  # JSON, with no object addresses, so a rerun in another process matches.
   fingerprint = {"experiment": "ps_fig7", "profile": dataclasses.asdict(profile),
-                 "config": repr(config), "num_train": n}
+                 "config": common.config_record(config), "grid": {"learning_rate": list(profile.learning_rates)},
+                 "num_train": n}
   with watch.stage(f"pool: {len(candidates)} candidates"):
     pool = run_sweep(candidates, data, pool_dir, fingerprint, progress=True)
-  table = table_from_records(pool.records)
+  table = table_from_records(pool.records, score="score", value="test_score")
   event = config.dp_event()
   with watch.stage("simulate + account"):
     rows = curve_rows(profile, table, event, np.random.default_rng(2022))
   single = {"rdp": acc.epsilon(event, DELTA, "rdp"), "best": acc.epsilon(event, DELTA, "best")}
-  pool_acc = [r["test_accuracy"] for r in pool.records]
+  pool_acc = [r["test_score"] for r in pool.records]  # the preset's score: test accuracy
   manifest = {
       "experiment": "Papernot & Steinke 2022, Figure 7", "profile": dataclasses.asdict(profile),
-      "train_config": dataclasses.asdict(config) | {"num_steps": config.num_steps},
+      "train_config": common.config_record(config) | {"num_steps": config.num_steps},
       "num_train": n, "num_test": int(data.test.inputs.shape[0]), "delta": DELTA, "trials": N_TRIALS,
       "fallback_accuracy": FALLBACK_ACCURACY, "seeds": list(profile.seeds),
       "learning_rates": list(profile.learning_rates), "pool_dir": os.path.abspath(pool_dir),

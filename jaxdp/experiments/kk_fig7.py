@@ -98,13 +98,14 @@ def build_space(profile: Profile, num_train: int, target_epsilon: float):
   sigma = acc.calibrate_noise_grid(np.array(gammas)[:, None], np.array(profile.epochs, float)[None, :],
                                    target_epsilon=target_epsilon, target_delta=DELTA)
   noise = {(g, float(e)): float(sigma[i, j]) for i, g in enumerate(gammas) for j, e in enumerate(profile.epochs)}
-  base = TrainConfig(l2_clip_norm=profile.l2_clip_norm, noise_multiplier=float(sigma[0, 0]),
-                     sampling_prob=gammas[0], epochs=float(profile.epochs[0]),
-                     learning_rate=profile.learning_rates[0], model=profile.model,
-                     activation=profile.activation, target_delta=DELTA)
+  base = TrainConfig(task=common.classifier_task(), l2_clip_norm=profile.l2_clip_norm,
+                     noise_multiplier=float(sigma[0, 0]), sampling_prob=gammas[0],
+                     epochs=float(profile.epochs[0]), target_delta=DELTA,
+                     hparams=dict(learning_rate=profile.learning_rates[0], model=profile.model,
+                                  activation=profile.activation))
   grid = {"sampling_prob": gammas, "epochs": [float(e) for e in profile.epochs],
           "learning_rate": list(profile.learning_rates)}
-  calibrated = lambda c: dataclasses.replace(c, noise_multiplier=noise[(c.sampling_prob, c.epochs)])
+  calibrated = lambda c: c.replace(noise_multiplier=noise[(c.sampling_prob, c.epochs)])
   return SearchSpace(base, grid, derive=calibrated), noise
 
 
@@ -138,8 +139,8 @@ def run_repetitions(profile: Profile, data, watch) -> tuple[list, dict]:
             method="baseline", target_epsilon=target, repetition=r, epsilon=res.epsilon,
             accuracy=res.score if released else FALLBACK_ACCURACY,
             sigma=res.config.noise_multiplier if released else math.nan,
-            learning_rate=res.config.learning_rate if released else math.nan,
-            final_learning_rate=res.config.learning_rate if released else math.nan,
+            learning_rate=res.config.hparams["learning_rate"] if released else math.nan,
+            final_learning_rate=res.config.hparams["learning_rate"] if released else math.nan,
             sampling_prob=res.config.sampling_prob if released else math.nan,
             epochs=res.config.epochs if released else math.nan,
             num_candidates=res.num_candidates, gradient_evaluations=reps.mean * mean_cost,
@@ -150,10 +151,11 @@ def run_repetitions(profile: Profile, data, watch) -> tuple[list, dict]:
           tuned = out.tuned_hyperparameters or {}
           records.append(dict(
               method=f"variant {variant}", target_epsilon=target, repetition=r, epsilon=out.epsilon,
-              accuracy=out.test_accuracy if math.isfinite(out.test_accuracy) else FALLBACK_ACCURACY,
+              # The preset's score is test accuracy.
+              accuracy=out.test_score if math.isfinite(out.test_score) else FALLBACK_ACCURACY,
               sigma=out.final_config.noise_multiplier,
               learning_rate=tuned.get("learning_rate", math.nan),
-              final_learning_rate=out.final_config.learning_rate,
+              final_learning_rate=out.final_config.hparams["learning_rate"],
               sampling_prob=out.final_config.sampling_prob, epochs=out.final_config.epochs,
               num_candidates=out.num_candidates, gradient_evaluations=out.gradient_evaluations,
               baseline_gradient_evaluations=out.baseline_gradient_evaluations))
@@ -220,10 +222,11 @@ def dry_run(profile: Profile) -> int:
   gamma, epochs, target = profile.batch_sizes[0] / n, float(profile.epochs[0]), profile.target_epsilons[0]
   sigma = float(acc.calibrate_noise_grid(gamma, epochs, target_epsilon=target, target_delta=DELTA))
   from jaxdp.train import TrainConfig  # pylint: disable=g-import-not-at-top
-  config = TrainConfig(l2_clip_norm=profile.l2_clip_norm, noise_multiplier=sigma, sampling_prob=gamma,
-                       epochs=epochs, learning_rate=profile.learning_rates[0], model=profile.model,
-                       activation=profile.activation, target_delta=DELTA)
-  print(f"profile {profile.name}: {config}")
+  config = TrainConfig(task=common.classifier_task(), l2_clip_norm=profile.l2_clip_norm,
+                       noise_multiplier=sigma, sampling_prob=gamma, epochs=epochs, target_delta=DELTA,
+                       hparams=dict(learning_rate=profile.learning_rates[0], model=profile.model,
+                                    activation=profile.activation))
+  print(f"profile {profile.name}: {common.config_record(config)}")
   print(f"  grid: B {list(profile.batch_sizes)} x epochs {list(profile.epochs)} x "
         f"{len(profile.learning_rates)} learning rates; K ~ Poisson({profile.mu:g}), q={profile.q:g}, "
         f"R={profile.repetitions}")
