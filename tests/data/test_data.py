@@ -102,3 +102,42 @@ def test_dataset_rejects_bad_or_empty_data(kwargs, match):
   fields.update(kwargs)
   with pytest.raises(ValueError, match=match):
     data.Dataset(**fields)
+
+
+def _dict_split(n, d=3):
+  return {"x": np.zeros((n, d), np.float32), "y": np.zeros((n,), np.float32)}
+
+
+def test_dataset_holds_any_pytree_with_n_leading():
+  ds = data.Dataset(train=_dict_split(7), test=_dict_split(2), private_validation=_dict_split(4))
+  assert ds.num_examples == 7 and ds.name == "data" and ds.num_classes is None
+  # Tuples, nested containers and a public split left out are all fine.
+  nested = {"x": (np.zeros((5, 2, 2), np.float32), np.zeros((5,), np.int32)), "w": np.ones((5, 1))}
+  assert data.Dataset(train=nested).num_examples == 5
+  assert data.Dataset(train=(np.zeros((3, 2)), np.zeros(3))).test is None
+  with pytest.raises(ValueError, match="input_shape needs DataSplit"):
+    data.Dataset(train=_dict_split(3)).input_shape  # pylint: disable=expression-not-assigned
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(train={"x": np.zeros((10, 5), np.float32), "y": np.zeros((9,), np.float32)}),
+     r"leaves of train disagree on N.*train\['x'\]: 10, train\['y'\]: 9"),
+    (dict(test={"x": np.zeros((4, 3), np.float32), "y": np.zeros((5,), np.float32)}),
+     r"leaves of test disagree on N"),
+    (dict(private_validation=(np.zeros((2, 3)), np.zeros((3,)))), r"private_validation disagree on N"),
+    (dict(train={"x": [[1.0, 2.0, 3.0]], "y": np.zeros(1, np.float32)}), r"train\['x'\]\[0\]\[0\] must be a NumPy or JAX array, got float"),
+    (dict(train={"x": np.zeros((0, 3), np.float32), "y": np.zeros(0, np.float32)}), r"train\['x'\] must have shape \(N >= 1"),
+    (dict(train={"x": np.float32(1.0), "y": np.zeros(1, np.float32)}), r"train\['x'\] must have shape"),
+    (dict(train={}), "train must be a pytree of arrays"),
+    (dict(train=None), "train must be given"),
+    (dict(test={"x": np.zeros((2, 3), np.float32)}), "train and test must share a shape"),
+    (dict(private_validation={"x": np.zeros((2, 4), np.float32), "y": np.zeros(2, np.float32)}),
+     "train and private_validation must share a shape"),
+    (dict(private_validation={"x": np.full((2, 3), np.nan, np.float32), "y": np.zeros(2, np.float32)}),
+     r"private_validation\['x'\] must be finite"),
+])
+def test_pytree_dataset_rejects_bad_splits(kwargs, match):
+  fields = dict(train=_dict_split(6), test=_dict_split(2))
+  fields.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    data.Dataset(**fields)

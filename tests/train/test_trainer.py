@@ -1,3 +1,4 @@
+import dataclasses
 import math
 import warnings
 
@@ -10,8 +11,14 @@ import pytest
 from dp_accounting import rdp
 
 from jaxdp.data import DataSplit, Dataset
-from jaxdp.train import trainer
-from jaxdp.train.trainer import ExecutionConfig, NotPrivateWarning, TrainConfig, train_candidate
+from jaxdp.train import presets, trainer
+from jaxdp.train.trainer import (CONFIG_FIELDS, ExecutionConfig, NotPrivateWarning, TrainConfig,
+                                 train_candidate)
+
+# One task object per class count: a Task compares by identity, so sharing it
+# lets tests share compiled programs.
+TINY_TASK = presets.classifier(3)
+DIGITS_TASK = presets.classifier(10)
 
 
 def _tiny_dataset(n=40, d=6, classes=3, seed=0):
@@ -24,10 +31,12 @@ def _tiny_dataset(n=40, d=6, classes=3, seed=0):
 
 
 def _cfg(**kw):
-  base = dict(learning_rate=0.5, l2_clip_norm=1.0, noise_multiplier=1.0,
-              sampling_prob=0.1, steps=20)
-  base.update(kw)
-  return TrainConfig(**base)
+  """The tiny classifier's config; names that are not config fields are hyperparameters."""
+  fields = dict(task=TINY_TASK, l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.1, steps=20)
+  hparams = dict(learning_rate=0.5)
+  for name, value in kw.items():
+    (fields if name in CONFIG_FIELDS + ("task", "execution") else hparams)[name] = value
+  return TrainConfig(hparams=hparams, **fields)
 
 
 def test_dp_event_and_epsilon_match_the_accountant():
@@ -62,10 +71,12 @@ def test_full_batch_without_noise_is_exact_gradient_descent():
     cfg = _cfg(sampling_prob=1.0, noise_multiplier=0.0, l2_clip_norm=1e6, steps=3,
                learning_rate=0.3, weight_decay=0.01)
   spec = trainer.LoopSpec.from_config(cfg, data)
-  params0 = trainer.init_params(spec, jax.random.key(0))
-  out = jax.jit(trainer.build_train_loop(spec))(params0, cfg.hparams(), jax.random.key(1),
-                                                data.train.inputs, data.train.labels)
-  module = spec.module()
+  assert spec.traced_names == ("learning_rate", "weight_decay")
+  params0 = trainer.init_params(spec, jax.random.key(0), data.train)
+  out = jax.jit(trainer.build_train_loop(spec))(params0, cfg.plan(data.num_examples),
+                                                trainer.traced_hparams(spec, cfg), jax.random.key(1),
+                                                data.train)
+  module = spec.model()
 
   def mean_loss(p):
     return optax.softmax_cross_entropy_with_integer_labels(
@@ -87,7 +98,7 @@ def test_same_key_same_result_and_different_key_differs():
   c = train_candidate(cfg, data, jax.random.key(6))
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_array_equal(x, y)
-  assert (a.test_accuracy, a.test_loss) == (b.test_accuracy, b.test_loss)
+  assert (a.test_score, a.test_loss) == (b.test_score, b.test_loss)
   assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a.params),
                                                       jax.tree.leaves(c.params)))
   assert a.steps == a.planned_steps == 20 and not a.diverged
@@ -96,18 +107,19 @@ def test_same_key_same_result_and_different_key_differs():
 def test_vmapped_inner_loop_equals_separate_runs():
   # What the sweep engine will do: a candidate axis of traced hyperparameters.
   data = _tiny_dataset()
-  cfg = _cfg(steps=5)
+  # C and sigma are leaves of the DpSgdPlan; learning rate and weight decay traced hparams.
+  cfg = _cfg(steps=5, weight_decay=0.0)
   spec = trainer.LoopSpec.from_config(cfg, data)
-  params = trainer.init_params(spec, jax.random.key(0))
-  hp = trainer.HParams(learning_rate=jnp.array([0.1, 1.0]), l2_clip_norm=jnp.array([0.5, 2.0]),
-                       noise_multiplier=jnp.array([0.5, 2.0]), weight_decay=jnp.array([0.0, 0.1]))
+  params = trainer.init_params(spec, jax.random.key(0), data.train)
+  plan = dataclasses.replace(cfg.plan(data.num_examples), l2_clip_norm=jnp.array([0.5, 2.0]),
+                             noise_multiplier=jnp.array([0.5, 2.0]))
+  hp = dict(learning_rate=jnp.array([0.1, 1.0]), weight_decay=jnp.array([0.0, 0.1]))
   keys = jax.random.split(jax.random.key(3), 2)
   loop = trainer.build_train_loop(spec)
-  batched = jax.jit(jax.vmap(loop, in_axes=(None, 0, 0, None, None)))(
-      params, hp, keys, data.train.inputs, data.train.labels)
+  batched = jax.jit(jax.vmap(loop, in_axes=(None, 0, 0, 0, None)))(params, plan, hp, keys, data.train)
   for i in range(2):
-    single = jax.jit(loop)(params, jax.tree.map(lambda v: v[i], hp), keys[i],
-                           data.train.inputs, data.train.labels)
+    single = jax.jit(loop)(params, jax.tree.map(lambda v: v[i], plan),
+                           jax.tree.map(lambda v: v[i], hp), keys[i], data.train)
     for a, b in zip(jax.tree.leaves(batched.params), jax.tree.leaves(single.params)):
       np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6)
 
@@ -118,7 +130,7 @@ def test_diverging_learning_rate_ends_early_with_nan_score():
   cfg = _cfg(learning_rate=1e3, weight_decay=10.0, steps=200)
   result = train_candidate(cfg, data, jax.random.key(0))
   assert result.diverged
-  assert math.isnan(result.score) and math.isnan(result.test_accuracy)
+  assert math.isnan(result.score) and math.isnan(result.test_score)
   assert result.steps < 200 == result.planned_steps
   assert result.epsilon == pytest.approx(trainer.epsilon(cfg))  # planned, never less
 
@@ -137,11 +149,12 @@ def test_overflowing_padding_still_uses_every_sampled_example():
 
 
 def test_digits_logreg_reaches_85_percent_with_epsilon_below_8(digits):
-  cfg = TrainConfig(model="logreg", learning_rate=2.0, l2_clip_norm=1.0, noise_multiplier=1.0,
-                    sampling_prob=0.05, epochs=20, target_delta=1e-5)
+  cfg = TrainConfig(task=DIGITS_TASK, l2_clip_norm=1.0, noise_multiplier=1.0,
+                    sampling_prob=0.05, epochs=20, target_delta=1e-5,
+                    hparams=dict(model="logreg", learning_rate=2.0))
   result = train_candidate(cfg, digits, jax.random.key(0))
   assert result.epsilon <= 8.0
-  assert result.test_accuracy >= 0.85
+  assert result.test_score >= 0.85
   # It ran every planned step and learned (test loss below log(10), that of
   # uniform guessing); how long it took is the benchmarks' business.
   assert result.steps == result.planned_steps == 400 and not result.diverged
@@ -150,15 +163,14 @@ def test_digits_logreg_reaches_85_percent_with_epsilon_below_8(digits):
 
 @pytest.mark.slow
 def test_digits_cnn_reaches_85_percent_with_epsilon_below_8(digits):
-  cfg = TrainConfig(model="papernot_steinke_cnn", learning_rate=1.0, l2_clip_norm=1.0,
-                    noise_multiplier=1.0, sampling_prob=0.05, epochs=10)
+  cfg = TrainConfig(task=DIGITS_TASK, l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.05,
+                    epochs=10, hparams=dict(model="papernot_steinke_cnn", learning_rate=1.0))
   result = train_candidate(cfg, digits, jax.random.key(0))
-  assert result.epsilon <= 8.0 and result.test_accuracy >= 0.85
+  assert result.epsilon <= 8.0 and result.test_score >= 0.85
 
 
 def test_epochs_use_the_one_step_rule(base_config):
   # T = ceil(epochs / q) (jaxdp.accounting.dpsgd_steps): never fewer steps, never 0.
-  import dataclasses  # pylint: disable=g-import-not-at-top
   cfg = dataclasses.replace(base_config, steps=None, epochs=0.001)
   assert cfg.num_steps == 1
   cfg = dataclasses.replace(base_config, steps=None, epochs=60, sampling_prob=256 / 60000)
@@ -171,22 +183,24 @@ def test_epochs_use_the_one_step_rule(base_config):
     (dict(noise_multiplier=-1.0), "noise_multiplier"),
     (dict(noise_multiplier=float("nan")), "noise_multiplier"),
     (dict(l2_clip_norm=0.0), "l2_clip_norm"),
-    (dict(learning_rate=0.0), "learning_rate"),
-    (dict(learning_rate=float("inf")), "learning_rate"),
+    (dict(learning_rate=0.0), "learning_rate must be in"),
+    (dict(learning_rate=float("inf")), "hyperparameter 'learning_rate' must be finite"),
     (dict(steps=0), "steps"),
     (dict(steps=None), "exactly one of steps and epochs"),
     (dict(epochs=1.0), "exactly one of steps and epochs"),
     (dict(steps=None, epochs=0.0), "epochs"),
     (dict(target_delta=0.0), "target_delta"),
-    (dict(optimizer="rmsprop"), "optimizer"),
-    (dict(momentum=1.0), "momentum"),
-    (dict(optimizer="adam", momentum=0.9), "momentum"),
-    (dict(weight_decay=-0.1), "weight_decay"),
-    (dict(model="vgg"), "model"),
-    (dict(activation="swish"), "activation"),
+    (dict(optimizer="rmsprop"), "optimizer must be one of"),
+    (dict(momentum=1.0), "momentum must be in"),
+    (dict(optimizer="adam", momentum=0.9), "momentum applies to optimizer='sgd' only"),
+    (dict(weight_decay=-0.1), "weight_decay must be in"),
+    (dict(model="vgg"), "model must be one of"),
+    (dict(activation="swish"), "activation must be one of"),
     (dict(execution="fast"), "execution"),
 ])
 def test_config_rejects_bad_input(kwargs, match):
+  # Hyperparameters (learning_rate, optimizer, momentum, weight_decay, model,
+  # activation) are checked by the preset's factories when the config is built.
   with pytest.raises(ValueError, match=match):
     _cfg(**kwargs)
 
@@ -196,19 +210,28 @@ def test_config_rejects_bad_input(kwargs, match):
     (dict(microbatch_size=-2), "microbatch_size"),
     (dict(padded_batch_size=10, microbatch_size=4), "multiple"),
     (dict(eval_batch_size=0), "eval_batch_size"),
-    (dict(conv_impl="winograd"), "conv_impl"),
 ])
 def test_execution_config_rejects_bad_input(kwargs, match):
   with pytest.raises(ValueError, match=match):
     ExecutionConfig(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_classes=10, conv_impl="winograd"), "conv_impl"),  # was ExecutionConfig(conv_impl=)
+    (dict(num_classes=1), "num_classes"),
+])
+def test_classifier_preset_rejects_bad_input(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    presets.classifier(**kwargs)
+
+
 def test_train_candidate_rejects_mismatched_model_data_and_key(digits):
   with pytest.raises(ValueError, match="opacus_cnn.*cannot take inputs of shape"):
-    train_candidate(_cfg(model="opacus_cnn"), digits, jax.random.key(0))
+    train_candidate(_cfg(task=DIGITS_TASK, model="opacus_cnn"), digits, jax.random.key(0))
   with pytest.raises(ValueError, match="data must be a jaxdp.data.Dataset"):
-    train_candidate(_cfg(), (digits.train.inputs, digits.train.labels), jax.random.key(0))
+    train_candidate(_cfg(task=DIGITS_TASK), (digits.train.inputs, digits.train.labels),
+                    jax.random.key(0))
   with pytest.raises(ValueError, match="key"):
-    train_candidate(_cfg(), digits, 0)
+    train_candidate(_cfg(task=DIGITS_TASK), digits, 0)
   with pytest.raises(ValueError, match="config must be a TrainConfig"):
     train_candidate({"learning_rate": 1.0}, digits, jax.random.key(0))
