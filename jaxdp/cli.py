@@ -195,10 +195,20 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("figure", choices=list(_FIGURES))
   r.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the figure's script")
   r.set_defaults(func=_reproduce)
+  a = sub.add_parser(
+      "audit", add_help=False, formatter_class=argparse.RawTextHelpFormatter,
+      help="empirical epsilon lower bound vs accounted epsilon of whole private searches",
+      description="Options go to jaxdp.experiments.audit; see `jaxdp audit --help`.")
+  a.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the audit (--profile, --out)")
   return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv[:1] == ["audit"]:
+    # argparse's REMAINDER drops a leading --option, so the audit parses its own.
+    from jaxdp.experiments import audit  # pylint: disable=g-import-not-at-top
+    return audit.main(argv[1:])
   parser = build_parser()
   args = parser.parse_args(argv)
   try:

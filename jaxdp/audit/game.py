@@ -1,0 +1,197 @@
+"""The distinguishing game over a whole private search.
+
+`audit_search` runs the complete Papernot-Steinke search (draw K from its
+law, draw K candidates, train them with DP, release only the best) `trials`
+times on D and `trials` times on D', through the very functions
+`jaxdp.tuning.random_search` uses (`draw_search`, the sweep engine,
+`best_index`). Each trial's candidates of one side are trained in one batched
+engine call. A statistic maps what a search releases (`Release`) to a
+number, and `epsilon_lower_bound` turns the two samples into a lower bound
+on epsilon, to be set against the accounted epsilon of the same search.
+
+Neighbouring data sets are add/remove, as accounted, with N public: build D'
+as D plus the canary and D as D plus a *null* example whose gradient is
+zero for every parameter (e.g. weight 0 in the loss), so both have the same
+N and the normalisation by q*N (a function of the public N) is the same.
+`jaxdp.audit.attacks` builds such pairs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from jaxdp import _validate
+from jaxdp import accounting as acc
+from jaxdp.audit.estimate import EpsilonLowerBound, epsilon_lower_bound, max_certifiable
+from jaxdp.data import Dataset
+from jaxdp.sweep import engine
+from jaxdp.sweep.space import SearchSpace
+from jaxdp.train import TrainConfig
+from jaxdp.tuning import _args, planning
+from jaxdp.tuning import search as search_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+  """What one private search released (what a statistic may look at).
+
+  Attributes:
+    hyperparameters: the released grid point, None if nothing was released.
+    score: its score, NaN if nothing was released.
+    params: its trained parameters, None likewise.
+  """
+  hyperparameters: Optional[Mapping[str, Any]]
+  score: float
+  params: Any
+
+
+Statistic = Callable[[Release], float]
+
+
+def released_score(default: float = -1e9) -> Statistic:
+  """The released score (`default` when nothing is released)."""
+  def statistic(release: Release) -> float:
+    return default if release.hyperparameters is None else float(release.score)
+  return statistic
+
+
+def released_value(name: str, default: float = -1e9) -> Statistic:
+  """The released value of hyperparameter `name` (`default` when nothing is released)."""
+  def statistic(release: Release) -> float:
+    return default if release.hyperparameters is None else float(release.hyperparameters[name])
+  return statistic
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditResult:
+  """One audited search.
+
+  Attributes:
+    bound: the empirical `EpsilonLowerBound`.
+    accounted: method -> accounted epsilon of the same search at `bound.delta`
+      (inf for a search that adds no noise).
+    event: the accounted DpEvent.
+    statistics_without, statistics_with: the statistic per trial on D and D'.
+    trials: searches run per data set.
+    candidates_trained: total candidates trained (both data sets).
+    wall_time_s: seconds for the whole audit.
+  """
+  bound: EpsilonLowerBound
+  accounted: Mapping[str, float]
+  event: Any
+  statistics_without: np.ndarray
+  statistics_with: np.ndarray
+  trials: int
+  candidates_trained: int
+  wall_time_s: float
+
+  @property
+  def violated(self) -> bool:
+    """True if the lower bound exceeds an accounted epsilon: a bug to report, loudly."""
+    return any(self.bound.epsilon > eps * (1 + 1e-9) for eps in self.accounted.values())
+
+
+def _statistic_value(statistic: Statistic, release: Release) -> float:
+  try:
+    value = statistic(release)
+  except Exception as err:  # a user's statistic may raise anything
+    what = "a search that released nothing (hyperparameters None)" if release.hyperparameters is None \
+        else f"the release {dict(release.hyperparameters)}"
+    raise ValueError(f"statistic fails on {what}: {type(err).__name__}: {err}") from err
+  if np.ndim(value) != 0:
+    raise ValueError(f"statistic must return a scalar per release, got shape {np.shape(value)}")
+  value = float(value)
+  if not math.isfinite(value):
+    raise ValueError(f"statistic must return a finite number, got {value!r} (map 'nothing released' "
+                     "to a finite default)")
+  return value
+
+
+def _run_side(space: SearchSpace, data: Dataset, repetitions, keys, statistic, engine_kwargs,
+              bar) -> tuple[np.ndarray, int]:
+  draws = [search_lib.draw_search(space, repetitions, k) for k in keys]
+  flat = [c for cands in draws for c in cands]
+  results = engine.train_candidates(flat, data, keep_params=True, **engine_kwargs) if flat else []
+  values, start = [], 0
+  for cands in draws:
+    mine = results[start:start + len(cands)]
+    start += len(cands)
+    best = search_lib.best_index(mine)
+    release = (Release(None, float("nan"), None) if best is None else
+               Release(dict(cands[best].point), float(mine[best].score), mine[best].params))
+    values.append(_statistic_value(statistic, release))
+    bar.update(1)
+  return np.asarray(values), len(flat)
+
+
+def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
+                 without: Dataset, with_: Dataset, *, repetitions: acc.KDistribution,
+                 statistic: Statistic, trials: int, key: jax.Array, delta: float = 1e-5,
+                 confidence: float = 0.95, methods: Sequence[str] = ("rdp", "profile", "best"),
+                 progress: bool = False, **engine_kwargs) -> AuditResult:
+  """Audits `random_search(config, search_space, ·, repetitions=...)` on D = `without`, D' = `with_`.
+
+  Args:
+    config, search_space: as in `jaxdp.tuning.random_search`.
+    without: D (see the module docstring for keeping N public).
+    with_: D' = D plus the canary.
+    repetitions: K's law.
+    statistic: `Release -> float`; large values should mean "D'" (the
+      estimator also tries the other direction).
+    trials: searches per data set, >= 2.
+    key: PRNG key; trial t on D uses fold_in(key, 2t), on D' fold_in(key, 2t + 1).
+    delta: delta in (0, 1) of the lower bound and the accounted epsilons.
+    confidence: level of the lower bound, in (0, 1).
+    methods: accounting methods to report.
+    progress: progress bar over trials.
+    **engine_kwargs: `devices`, `max_candidates_per_device`.
+
+  Returns:
+    An `AuditResult`.
+
+  Raises:
+    ValueError: any bad argument (too few trials for `confidence`, a delta
+      outside (0, 1), a statistic that is not a scalar, data the task cannot
+      use), before or at the first release, never after a long run.
+  """
+  started = time.perf_counter()
+  space = _args.space(config, search_space)
+  without = _args.data(without, space)
+  with_ = _args.data(with_, space)
+  repetitions = _args.repetitions(repetitions)
+  key = _args.key(key)
+  delta = _validate.probability("delta", delta)
+  confidence = _validate.probability("confidence", confidence)
+  trials = _validate.integer("trials", trials, low=2)
+  if not callable(statistic):
+    raise ValueError(f"statistic must be a callable Release -> float, got {statistic!r}")
+  if max_certifiable(trials, trials, delta, confidence) <= 0:
+    raise ValueError(f"trials={trials} are too few for confidence={confidence!r} at delta={delta!r}: "
+                     "even a perfect test could not certify epsilon > 0; run more trials")
+  engine_kwargs = _args.engine_kwargs(engine_kwargs)
+  # The same statistic on an empty release first: a non-scalar fails now, not after training.
+  _statistic_value(statistic, Release(None, float("nan"), None))
+
+  events = [acc.RepeatAndSelect(planning.candidate_event(space, d.num_examples), repetitions)
+            for d in (without, with_)]
+  accounted = {m: max(acc.epsilon(e, delta, method=m) for e in events) for m in methods}
+  bar = tqdm(total=2 * trials, disable=not progress, desc="audit trials", unit="search")
+  sides = []
+  trained = 0
+  for side, data in enumerate((without, with_)):
+    keys = [jax.random.fold_in(key, 2 * t + side) for t in range(trials)]
+    values, n = _run_side(space, data, repetitions, keys, statistic, engine_kwargs, bar)
+    sides.append(values)
+    trained += n
+  bar.close()
+  bound = epsilon_lower_bound(sides[0], sides[1], delta=delta, confidence=confidence)
+  return AuditResult(bound=bound, accounted=accounted, event=events[1], statistics_without=sides[0],
+                     statistics_with=sides[1], trials=trials, candidates_trained=trained,
+                     wall_time_s=time.perf_counter() - started)
