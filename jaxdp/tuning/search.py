@@ -107,6 +107,26 @@ def prepare(config, search_space, data, delta, target_epsilon, outer):
   return space, data, event, eps, sigma
 
 
+def draw_search(space: SearchSpace, repetitions: acc.KDistribution, key: jax.Array) -> list:
+  """The candidates of one Papernot-Steinke search: K ~ `repetitions`, then K uniform draws.
+
+  Depends only on the public K law, the grid and the key, never on data;
+  `random_search`, `subsampled_search` and the audit (`jaxdp.audit`) all draw
+  through it, so an audit runs exactly the searches users run.
+  """
+  k_key, draw_key = jax.random.split(key)
+  k = int(repetitions.sample(k_key))
+  return _draw_candidates(space, k, draw_key) if k else []
+
+
+def best_index(results: Sequence[Any]) -> Optional[int]:
+  """Index of the highest score (first on ties), None if none is finite: what a search releases."""
+  scores = np.array([r.score for r in results], dtype=np.float64)
+  if not scores.size or np.all(np.isnan(scores)):
+    return None
+  return int(np.argmax(np.where(np.isnan(scores), -np.inf, scores)))
+
+
 def _draw_candidates(space: SearchSpace, n: int, key) -> list:
   pick_key, seed_key = jax.random.split(key)
   picks = np.asarray(jax.random.randint(pick_key, (n,), 0, len(space)))
@@ -165,19 +185,16 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
   space, data, event, eps, sigma = prepare(config, search_space, data, delta, target_epsilon,
                                            lambda cand: acc.RepeatAndSelect(cand, repetitions))
-  k_key, draw_key = jax.random.split(key)
-  k = int(repetitions.sample(k_key))
-  cands = _draw_candidates(space, k, draw_key) if k else []
-  results = engine.train_candidates(cands, data, keep_params=True, **engine_kwargs) if k else []
-  scores = np.array([r.score for r in results], dtype=np.float64)
-  best = int(np.argmax(np.where(np.isnan(scores), -np.inf, scores))) if k else -1
-  released = k > 0 and not math.isnan(scores[best])
+  cands = draw_search(space, repetitions, key)
+  results = engine.train_candidates(cands, data, keep_params=True, **engine_kwargs) if cands else []
+  best = best_index(results)
+  released = best is not None
   return TunedResult(
       hyperparameters=dict(cands[best].point) if released else None,
       config=cands[best].config if released else None,
       params=results[best].params if released else None,
-      score=float(scores[best]) if released else float("nan"),
-      num_candidates=k, epsilon=eps, delta=float(delta), event=event,
+      score=float(results[best].score) if released else float("nan"),
+      num_candidates=len(cands), epsilon=eps, delta=float(delta), event=event,
       all_scores=_release_scores(cands, results, release_all_scores),
       score_source=tr.score_source(space.base.task), noise_multiplier=sigma)
 

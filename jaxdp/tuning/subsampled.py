@@ -27,7 +27,6 @@ the final run are accounted as `acc.UniformCandidates` over the grid's events
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import jax
@@ -233,7 +232,7 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   eps = acc.epsilon(event, delta, method="best")  # also fails early on a bad delta
 
   subset_key, search_key, final_key = jax.random.split(key, 3)
-  num_train = int(data.train.inputs.shape[0])
+  num_train = data.num_examples
   # Poisson subsampling: each example joins X1 independently w.p. q (KK Alg. 1).
   mask = np.asarray(jax.random.bernoulli(subset_key, q, (num_train,)))
   m = int(mask.sum())
@@ -245,13 +244,11 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   subset = _split(data, mask, f"X1, q={q:g}")
 
   # Papernot-Steinke random search on X1, with the same key use as `random_search`.
-  k_key, draw_key = jax.random.split(search_key)
-  k = int(repetitions.sample(k_key))
-  cands = search_lib._draw_candidates(space, k, draw_key) if k else []  # pylint: disable=protected-access
+  cands = search_lib.draw_search(space, repetitions, search_key)
+  k = len(cands)
   results = engine.train_candidates(cands, subset, keep_params=True, **engine_kwargs) if k else []
-  scores = np.array([r.score for r in results], dtype=np.float64)
-  best = int(np.argmax(np.where(np.isnan(scores), -np.inf, scores))) if k else -1
-  released = k > 0 and not math.isnan(scores[best])
+  best = search_lib.best_index(results)
+  released = best is not None
   chosen_point = dict(cands[best].point) if released else dict(space.points[0])
   chosen = cands[best].config if released else space.configs[0]
 
@@ -266,7 +263,7 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   return SubsampledResult(
       params=final.params, final_config=final_config,
       tuned_hyperparameters=chosen_point if released else None, final_hyperparameters=final_point,
-      learning_rate_factor=factor, tuned_score=float(scores[best]) if released else float("nan"),
+      learning_rate_factor=factor, tuned_score=float(results[best].score) if released else float("nan"),
       test_score=float(final.test_score), num_candidates=k, subset_size=m, final_train_size=n,
       variant=variant, q=q, epsilon=eps, delta=float(delta), event=event, gradient_evaluations=spent,
       baseline_gradient_evaluations=repetitions.mean * mean_cost, subset_mask=mask)
