@@ -189,9 +189,12 @@ def noise_for(make_event: Callable[[float], dpa.DpEvent], epsilon: float, delta:
   """
   seed = 1.0
   if method != "rdp":
-    rough = calibrate(make_event, epsilon, delta, low=_SIGMA_MIN, high=sigma_max, start=1.0,
-                      increasing=False, method="rdp", orders=orders, rtol=0.05)
-    seed = rough if rough is not None else sigma_max
+    try:
+      rough = calibrate(make_event, epsilon, delta, low=_SIGMA_MIN, high=sigma_max, start=1.0,
+                        increasing=False, method="rdp", orders=orders, rtol=0.05)
+      seed = rough if rough is not None else sigma_max
+    except dpa.UnsupportedEventError:
+      pass  # no RDP theorem (e.g. Liu-Talwar's threshold selection): no seed, start from 1
   found = calibrate(make_event, epsilon, delta, low=_SIGMA_MIN, high=sigma_max, start=seed,
                     increasing=False, method=method, orders=orders, allow_refined=allow_refined, rtol=rtol)
   if found is None:

@@ -52,7 +52,7 @@ class PoolTable:
 
 
 def table_from_records(records: Sequence[Mapping[str, Any]], score: str = "score",
-                       value: str = "test_accuracy") -> PoolTable:
+                       value: str = "test_score") -> PoolTable:
   """Groups pool records by grid point, counting each candidate once.
 
   A candidate (same id, or same grid point and seed when records carry no id)

@@ -168,7 +168,8 @@ class TrainConfig:
       if name in _EXCLUSIVE and name not in (_EXCLUSIVE[name],) and _EXCLUSIVE[name] not in fields:
         fields[_EXCLUSIVE[name]] = None
     hparams = dict(fields.pop("hparams", self.hparams))
-    hparams.update({k: v for k, v in changes.items() if k not in fields and k not in _EXCLUSIVE})
+    hparams.update({k: v for k, v in changes.items()
+                    if k not in fields and k not in _EXCLUSIVE and k != "hparams"})
     return dataclasses.replace(self, hparams=hparams, **fields)
 
   def value(self, name: str) -> Any:

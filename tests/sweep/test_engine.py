@@ -25,7 +25,7 @@ def test_batched_candidate_equals_lone_run(digits, base_config, two_devices, per
   for cand, res in zip(cands, batched):
     alone = train_candidate(cand.config, digits, cand.key())
     assert res.steps == alone.steps == cand.config.num_steps
-    assert res.test_accuracy == pytest.approx(alone.test_accuracy, abs=1e-6)
+    assert res.test_score == pytest.approx(alone.test_score, abs=1e-6)
     assert res.test_loss == pytest.approx(alone.test_loss, rel=1e-5)
     assert res.epsilon == alone.epsilon
     for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(alone.params)):
@@ -33,7 +33,7 @@ def test_batched_candidate_equals_lone_run(digits, base_config, two_devices, per
 
 
 def test_groups_by_static_shape_and_keeps_order(digits, base_config, two_devices):
-  other = dataclasses.replace(base_config, sampling_prob=0.1, steps=10)
+  other = base_config.replace(sampling_prob=0.1, steps=10)
   cands = [Candidate({"i": i}, cfg, i) for i, cfg in enumerate([base_config, other, base_config, other])]
   res = engine.train_candidates(cands, digits, devices=two_devices)
   assert [r.planned_steps for r in res] == [30, 10, 30, 10]
@@ -65,8 +65,8 @@ def test_new_hyperparameters_do_not_recompile(digits, base_config, two_devices):
   cands = _cands(base_config)[:2]
   engine.train_candidates(cands, digits, devices=two_devices, max_candidates_per_device=1)
   changed = [dataclasses.replace(c, point={"other": i},
-                                 config=dataclasses.replace(c.config, learning_rate=0.01,
-                                                            noise_multiplier=3.0), seed=99)
+                                 config=c.config.replace(learning_rate=0.01, noise_multiplier=3.0),
+                                 seed=99)
              for i, c in enumerate(cands)]
   with _XlaCompilations() as compiles:
     engine.train_candidates(changed, digits, devices=two_devices, max_candidates_per_device=1)
@@ -83,7 +83,7 @@ def test_equal_seeds_at_different_grid_points_draw_independent_noise(digits, bas
   # noise over the batch sizes. With the old key(seed) the two grid points below
   # drew the same noise: correlation 1.000000. Independent: ~N(0, 1/650), 0.25 is
   # over 6 sigma.
-  cfg = dataclasses.replace(base_config, noise_multiplier=1e5)
+  cfg = base_config.replace(noise_multiplier=1e5)
   space = SearchSpace(cfg, {"learning_rate": [1e-3, 2e-3]})
   cands = grid_candidates(space, seeds=[0])
   res = engine.train_candidates(cands, digits, devices=two_devices, keep_params=True)
@@ -91,8 +91,8 @@ def test_equal_seeds_at_different_grid_points_draw_independent_noise(digits, bas
   for cand, r in zip(cands, res):
     init_key, _ = jax.random.split(cand.key())
     spec = engine.tr.LoopSpec.from_config(cand.config, digits)
-    start = engine.tr.init_params(spec, init_key)
-    moves.append(np.concatenate([np.ravel((a - b) / cand.config.learning_rate)
+    start = engine.tr.init_params(spec, init_key, digits.train)
+    moves.append(np.concatenate([np.ravel((a - b) / cand.config.hparams["learning_rate"])
                                  for a, b in zip(jax.tree.leaves(r.params), jax.tree.leaves(start))]))
   assert moves[0].size >= 650
   assert abs(np.corrcoef(moves[0], moves[1])[0, 1]) < 0.25
@@ -105,7 +105,7 @@ def test_equal_seeds_at_different_grid_points_draw_independent_noise(digits, bas
 def test_divergent_candidate_scores_nan_without_crashing(digits, base_config, two_devices):
   # lr * sigma * C = 1e44 overflows float32 in the first step whatever the key
   # draws (lr=1e30 left a finite loss of 8e35 under some keys).
-  bad = dataclasses.replace(base_config, learning_rate=1e38, noise_multiplier=1e6)
+  bad = base_config.replace(learning_rate=1e38, noise_multiplier=1e6)
   res = engine.train_candidates([Candidate({"lr": "huge"}, bad, 0), Candidate({"lr": 1}, base_config, 0)],
                                 digits, devices=two_devices)
   assert res[0].diverged and np.isnan(res[0].score)

@@ -29,7 +29,7 @@ def test_ray_backend_matches_local_engine_and_resumes(local_ray, tmp_path, digit
   by_id = {r["id"]: r for r in pool.records}
   local = engine.train_candidates(cands, digits)
   for c, res in zip(cands, local):
-    assert by_id[c.id]["test_accuracy"] == pytest.approx(res.test_accuracy, abs=1e-6)
+    assert by_id[c.id]["test_score"] == pytest.approx(res.test_score, abs=1e-6)
     assert by_id[c.id]["epsilon"] == res.epsilon
 
 

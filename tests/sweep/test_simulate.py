@@ -54,9 +54,9 @@ def test_k_zero_releases_fallback():
 
 
 def test_table_from_records_groups_by_point():
-  records = [{"point": {"lr": 1}, "seed": 1, "score": 0.5, "test_accuracy": 0.5},
-             {"point": {"lr": 1}, "seed": 0, "score": 0.4, "test_accuracy": 0.4},
-             {"point": {"lr": 2}, "seed": 0, "score": float("nan"), "test_accuracy": float("nan")}]
+  records = [{"point": {"lr": 1}, "seed": 1, "score": 0.5, "test_score": 0.5},
+             {"point": {"lr": 1}, "seed": 0, "score": 0.4, "test_score": 0.4},
+             {"point": {"lr": 2}, "seed": 0, "score": float("nan"), "test_score": float("nan")}]
   table = table_from_records(records)
   assert table.points == ({"lr": 1}, {"lr": 2})
   np.testing.assert_array_equal(table.counts, [2, 1])
@@ -78,7 +78,7 @@ def test_each_candidate_counts_once():
   # Two seeds per point, every record written twice (e.g. by two writers): the
   # table must still see 2 runs per point, not 4 "independent" ones.
   records = [{"id": f"{lr}-{s}", "point": {"lr": lr}, "seed": s, "score": lr + s / 10,
-              "test_accuracy": lr + s / 10} for lr in (1, 2, 3) for s in (0, 1)]
+              "test_score": lr + s / 10} for lr in (1, 2, 3) for s in (0, 1)]
   with pytest.warns(UserWarning, match="repeat 6 candidate"):
     table = table_from_records(records + [dict(r, score=-1.0) for r in records])
   np.testing.assert_array_equal(table.counts, [2, 2, 2])

@@ -1,6 +1,5 @@
 """Private tuners release only what the guarantee covers."""
 
-import dataclasses
 import math
 
 import jax
@@ -20,7 +19,7 @@ def test_random_search_releases_only_the_selected_candidate(tiny_random_search, 
   assert res.all_scores is None
   assert res.num_candidates >= 1 and res.hyperparameters["learning_rate"] in GRID["learning_rate"]
   assert 0.5 < res.score <= 1.0 and res.params is not None
-  assert res.config.learning_rate == res.hyperparameters["learning_rate"]
+  assert res.config.hparams["learning_rate"] == res.hyperparameters["learning_rate"]
   event = acc.RepeatAndSelect(base_config.dp_event(), acc.Poisson(mean=4))
   assert res.epsilon == acc.epsilon(event, 1e-5, method="best")
   assert res.epsilon > acc.epsilon(base_config.dp_event(), 1e-5)
@@ -47,7 +46,7 @@ def test_k_zero_releases_the_default(digits, base_config):
 def test_privacy_changing_hyperparameters_are_accounted_by_the_worst_candidate(digits, base_config):
   grid = {"noise_multiplier": [0.8, 2.0]}
   res = random_search(base_config, grid, digits, repetitions=acc.Poisson(mean=2), key=jax.random.key(1))
-  weakest = dataclasses.replace(base_config, noise_multiplier=0.8).dp_event()
+  weakest = base_config.replace(noise_multiplier=0.8).dp_event()
   assert res.epsilon == pytest.approx(
       acc.epsilon(acc.RepeatAndSelect(weakest, acc.Poisson(mean=2)), 1e-5, "best"), rel=1e-9)
 
@@ -72,7 +71,7 @@ def test_threshold_search(digits, base_config):
 COMMON_BAD = [
     ("data_tuple", dict(data=(1, 2)), r"data must be a jaxdp.data.Dataset.*got tuple"),
     ("data_none", dict(data=None), "data must be a jaxdp.data.Dataset"),
-    ("data_model_mismatch", dict(config=lambda c: dataclasses.replace(c, model="opacus_cnn")),
+    ("data_model_mismatch", dict(config=lambda c: c.replace(model="opacus_cnn")),
      "opacus_cnn.*cannot take inputs of shape"),
     ("config_dict", dict(config={"learning_rate": 1.0}), "config must be a TrainConfig or SearchSpace"),
     ("space_and_grid", dict(config=lambda c: SearchSpace(c, GRID), search_space=GRID), "search_space must be None when config"),
@@ -82,7 +81,7 @@ COMMON_BAD = [
      r"search_space\['learning_rate'\] must be a non-empty sequence"),
     ("grid_values_string", dict(search_space={"learning_rate": "0.1"}),
      r"search_space\['learning_rate'\] must be a non-empty sequence"),
-    ("grid_unknown_name", dict(search_space={"batch": [1]}), "unknown hyperparameter 'batch'"),
+    ("grid_unknown_name", dict(search_space={"batch": [1]}), r"\['batch'\] are not read by task"),
     ("grid_bad_value", dict(search_space={"learning_rate": [0.1, -1.0]}), "learning_rate must be in"),
     ("key_int", dict(key=0), "key must be a typed PRNG key"),
     ("key_raw_uint32", dict(key=jax.random.PRNGKey(0)), "key must be a typed PRNG key"),
@@ -164,6 +163,8 @@ def test_nan_threshold_is_rejected_not_silently_unreleased(digits, base_config):
 def test_result_docstring_states_what_is_covered():
   from jaxdp.tuning import TunedResult  # pylint: disable=g-import-not-at-top
   doc = TunedResult.__doc__
-  for fact in ("adding or removing one training example", "size N is public", "data.test",
+  # The neighbouring relation now covers the private validation split too (DP scores).
+  for fact in ("adding or removing one private example (training or private validation)",
+               "size N is public", "data.test", "data.private_validation",
                "NOT accounted", "reveals nothing about the data", "NOT covered by `epsilon`"):
     assert fact in " ".join(doc.split()), fact
