@@ -79,7 +79,7 @@ def _text(cell) -> str:
 def test_there_are_notebooks():
   names = {os.path.basename(p) for p in NOTEBOOKS}
   assert {"01_accounting.ipynb", "02_private_search_mnist.ipynb", "03_reproduce_fig7.ipynb",
-          "04_subsampled_tuning.ipynb"} <= names
+          "04_subsampled_tuning.ipynb", "05_tune_your_own_model.ipynb"} <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
