@@ -226,10 +226,18 @@ class ComposedPldProfile(prof_lib.PrivacyProfile):
 
   def __init__(self, pld):
     self._pld = pld
+    tables = [_dpa.pmf_table(p) for p in _dpa.pld_pmfs(pld)]
+    # Suffix sums: O(log n) per eps. dp-accounting's own path loops over every
+    # atom per eps (~0.4 s per call here, 50 s for one selection bound).
+    self._tables = None if any(t is None for t in tables) else tables
     self.description = "composed PLD (dp-accounting, pessimistic)"
 
   def _delta_nonneg(self, eps):
-    vals = np.asarray(self._pld.get_delta_for_epsilon(np.asarray(eps, dtype=np.float64)), dtype=np.float64)
+    eps = np.asarray(eps, dtype=np.float64)
+    if self._tables is None:
+      vals = np.asarray(self._pld.get_delta_for_epsilon(eps), dtype=np.float64)
+    else:
+      vals = np.max([_dpa.suffix_delta(t, eps) for t in self._tables], axis=0)
     return np.minimum(1.0, np.maximum(vals, 0.0) + _dpa.PLD_DELTA_FLOOR)
 
   def _epsilon_guess(self, delta):

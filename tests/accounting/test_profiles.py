@@ -139,3 +139,21 @@ def test_report_noisy_max_validation(kwargs, match):
 def test_approx_dp_validation(eps, delta, match):
   with pytest.raises(ValueError, match=match):
     acc.ApproxDp(eps, delta)
+
+
+def test_composed_pld_profile_uses_suffix_sums_equal_to_dp_accounting():
+  # A candidate with a DP score: DP-SGD composed with a Gaussian. Its profile's
+  # values come from suffix sums; they must equal dp-accounting's own
+  # hockey-stick (to round-off, never below it) plus the trusted floor.
+  from jaxdp.accounting import profile_accountant  # pylint: disable=g-import-not-at-top
+  event = dpa.ComposedDpEvent([acc.dpsgd_event(0.16, 1.0, 63), dpa.GaussianDpEvent(1.0)])
+  accountant = profile_accountant.ProfileAccountant()
+  accountant.compose(event)
+  profile = accountant.profile()
+  assert isinstance(profile, profile_accountant.ComposedPldProfile)
+  eps = np.linspace(0.0, 20.0, 41)
+  fast = profile._delta_nonneg(eps)  # pylint: disable=protected-access
+  slow = np.minimum(1.0, np.maximum(np.asarray(profile._pld.get_delta_for_epsilon(eps)), 0.0)  # pylint: disable=protected-access
+                    + _dpa.PLD_DELTA_FLOOR)
+  np.testing.assert_allclose(fast, slow, rtol=1e-9, atol=1e-12)
+  assert np.all(fast >= slow - 1e-15)
