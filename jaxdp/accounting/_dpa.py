@@ -17,6 +17,8 @@ from typing import Mapping, Optional, Sequence
 import dp_accounting as dpa
 import numpy as np
 
+from jaxdp.accounting import events
+
 _rdp = dpa.rdp.rdp_privacy_accountant
 _PLD = dpa.pld.privacy_loss_distribution
 
@@ -86,9 +88,20 @@ def pld_supports(event: dpa.DpEvent) -> bool:
 
 
 def pld_of_event(event: dpa.DpEvent, interval: float):
-  """(PLD, contains_non_private) of a dp-accounting event by its PLDAccountant."""
+  """(PLD, contains_non_private) of a dp-accounting event by its PLDAccountant.
+
+  Raises:
+    NotApplicableError: dp-accounting overflowed building the PLD (a
+      component with a huge privacy loss, e.g. a Gaussian with sigma 0.05):
+      `best` then uses the methods that can, and an explicit method says why.
+  """
   accountant = dpa.pld.PLDAccountant(value_discretization_interval=interval)
-  accountant.compose(event)
+  try:
+    accountant.compose(event)
+  except OverflowError as err:
+    raise events.NotApplicableError(
+        f"dp-accounting's PLD overflows on this event ({err}); its privacy loss is too large for a "
+        "PLD discretisation. Use method 'rdp' (or 'best', which falls back to it)") from None
   return accountant._pld, bool(accountant._contains_non_dp_event)  # pylint: disable=protected-access
 
 

@@ -7,6 +7,7 @@ and the version pin in pyproject.toml together.
 from __future__ import annotations
 
 import importlib.metadata
+import math
 
 import dp_accounting as dpa
 import numpy as np
@@ -115,3 +116,16 @@ def test_dropped_order_warnings_are_silenced_and_the_bound_kept(caplog):
   messages = [r.getMessage() for r in caplog.records]
   assert messages == ["another absl warning"]
   assert 0 < eps < float("inf")
+
+
+def test_pld_overflow_becomes_not_applicable_and_best_falls_back_to_rdp():
+  # A DP score with sigma = 0.05 composed into DP-SGD: dp-accounting's PLD
+  # overflows (math range error). "pld" names the reason; "best" still answers
+  # with a method that can (never an uncaught OverflowError mid-calibration).
+  from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
+  candidate = dpa.ComposedDpEvent([acc.dpsgd_event(0.16, 1.0, 63), dpa.GaussianDpEvent(0.05)])
+  search = acc.RepeatAndSelect(candidate, acc.Poisson(mean=4))
+  with pytest.raises(acc.NotApplicableError, match="PLD overflows"):
+    acc.epsilon(search, 1e-5, method="pld")
+  best = acc.epsilon(search, 1e-5, method="best")
+  assert best <= acc.epsilon(search, 1e-5, method="rdp") and math.isfinite(best)
