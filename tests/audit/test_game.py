@@ -38,7 +38,7 @@ def test_audited_lower_bound_never_exceeds_the_accounted_epsilon(gadget_audit):
 def test_the_game_runs_exactly_the_searches_random_search_runs(gadget, gadget_audit, two_devices):
   # Trial t on D' uses key fold_in(key, 2t + 1): random_search with that key
   # must release the very score the game recorded.
-  for t in (0, 7):
+  for t in (3,):
     for side, data in ((0, gadget.without), (1, gadget.with_)):
       res = random_search(gadget.config, gadget.grid, data, repetitions=acc.Poisson(mean=3),
                           key=jax.random.fold_in(jax.random.key(0), 2 * t + side), devices=two_devices)

@@ -18,6 +18,7 @@ def test_audit_help_lists_the_options(capsys):
   assert "--profile" in out and "--out" in out and "lower bound" in out
 
 
+@pytest.mark.slow
 def test_tiny_audit_writes_every_output_and_no_bound_is_violated(tmp_path, monkeypatch):
   monkeypatch.setitem(audit.PROFILES, "quick", audit.Profile(gadget_trials=60, outlier_trials=20,
                                                              gadget_sigma=0.5, outlier_sigma=1.0))
