@@ -43,15 +43,8 @@ def _group_key(cand: Candidate, data: Dataset) -> tr.LoopSpec:
   return tr.LoopSpec.from_config(cand.config, data)
 
 
-def _num_params(spec: tr.LoopSpec, train) -> int:
-  shapes = jax.eval_shape(functools.partial(tr.init_params, spec), jax.random.key(0), train)
-  return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
-
-
-def _has_conv(spec: tr.LoopSpec, train) -> bool:
-  # Parameters of rank > 2 are convolution kernels.
-  shapes = jax.eval_shape(functools.partial(tr.init_params, spec), jax.random.key(0), train)
-  return any(len(x.shape) > 2 for x in jax.tree.leaves(shapes))
+def _param_shapes(spec: tr.LoopSpec, train) -> list:
+  return jax.tree.leaves(jax.eval_shape(functools.partial(tr.init_params, spec), jax.random.key(0), train))
 
 
 def auto_candidates_per_device(spec: tr.LoopSpec, device: jax.Device, train) -> int:
@@ -63,9 +56,11 @@ def auto_candidates_per_device(spec: tr.LoopSpec, device: jax.Device, train) -> 
   memory, estimating one candidate as its per-example gradients for a
   microbatch plus optimizer state.
   """
+  shapes = _param_shapes(spec, train)
   if device.platform == "cpu":
-    return 1 if _has_conv(spec, train) else 8
-  per_candidate = 4 * _num_params(spec, train) * (spec.microbatch_size + 8)
+    # Parameters of rank > 2 are convolution kernels.
+    return 1 if any(len(x.shape) > 2 for x in shapes) else 8
+  per_candidate = 4 * sum(math.prod(x.shape) for x in shapes) * (spec.microbatch_size + 8)
   stats = device.memory_stats() or {}
   budget = stats.get("bytes_limit", 8 << 30) // 4
   return int(max(1, min(256, budget // max(per_candidate, 1))))

@@ -264,9 +264,20 @@ def epsilon(config: TrainConfig, num_examples: Optional[int] = None) -> float:
   return float(accountant.compose(config.dp_event(num_examples)).get_epsilon(config.target_delta))
 
 
+def _device_dtype(leaf) -> np.dtype:
+  """The dtype `jnp.asarray(leaf)` will have (float64 -> float32 without x64)."""
+  return jax.dtypes.canonicalize_dtype(leaf.dtype)
+
+
+def _abstract(tree: PyTree, rows: Optional[int] = None) -> PyTree:
+  """ShapeDtypeStructs of `tree` as it will be on device (leading axis `rows` if given)."""
+  return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(
+      np.shape(leaf) if rows is None else (rows,) + np.shape(leaf)[1:], _device_dtype(leaf)), tree)
+
+
 def _structure(tree: PyTree) -> tuple:
   return (jax.tree.structure(tree),
-          tuple((tuple(np.shape(x)[1:]), str(jnp.asarray(x[:1]).dtype)) for x in jax.tree.leaves(tree)))
+          tuple((tuple(np.shape(x)[1:]), str(_device_dtype(x))) for x in jax.tree.leaves(tree)))
 
 
 def _hashable_items(task: Task, values: Mapping[str, Any]) -> tuple:
@@ -564,7 +575,7 @@ def check_task(spec: LoopSpec, data: Dataset) -> None:
   check_data(task, data)
   split = data.private_validation if task.private_score else data.test
   memo = (spec, jax.tree.structure(split),
-          tuple((np.shape(x), np.asarray(x[:1]).dtype.str) for x in jax.tree.leaves(split)))
+          tuple((np.shape(x), str(_device_dtype(x))) for x in jax.tree.leaves(split)))
   if memo in _CHECKED:
     return
   _check_task(spec, data)
@@ -575,8 +586,7 @@ def check_task(spec: LoopSpec, data: Dataset) -> None:
 
 def _check_task(spec: LoopSpec, data: Dataset) -> None:
   task = spec.task
-  two = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct((2,) + np.shape(leaf)[1:], jnp.asarray(leaf[:1]).dtype),
-                     data.train)
+  two = _abstract(data.train, rows=2)
   try:
     inputs = jax.eval_shape(task.model_inputs, two)
   except Exception as err:  # pylint: disable=broad-except
@@ -600,7 +610,7 @@ def _check_task(spec: LoopSpec, data: Dataset) -> None:
                      f"for a batch of 2 it returned {jax.tree.map(lambda s: s.shape, losses)}")
   split = data.private_validation if task.private_score else data.test
   which = "private_validation" if task.private_score else "test"
-  batch = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.asarray(leaf[:1]).dtype), split)
+  batch = _abstract(split)
   try:
     if task.private_score:
       got = jax.eval_shape(build_private_score(spec), params, batch, jax.random.key(0))
@@ -618,8 +628,7 @@ def _check_task(spec: LoopSpec, data: Dataset) -> None:
                      num_steps=spec.num_steps, num_examples=spec.num_examples)
     return build_train_loop(spec)(p, plan, t, jax.random.key(0), train)
 
-  train = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.asarray(leaf[:1]).dtype),
-                       data.train)
+  train = _abstract(data.train)
   try:
     jax.eval_shape(one_run, params, scalar, scalar, traced, train)
   except Exception as err:  # pylint: disable=broad-except
