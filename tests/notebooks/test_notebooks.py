@@ -118,8 +118,15 @@ def test_kernel_is_this_interpreter(kernel_env, workdir):
   assert os.path.realpath(jaxdp_file).startswith(os.path.realpath(os.path.dirname(NOTEBOOK_DIR)) + os.sep)
 
 
+#: Pure-accounting notebooks take longest in small mode (~45 s) and share their
+#: code paths with tests/accounting; they run with the slow tests (`make test-slow`).
+SLOW_NOTEBOOKS = ("01_accounting.ipynb",)
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.slow) if os.path.basename(p) in SLOW_NOTEBOOKS else p
+    for p in NOTEBOOKS], ids=os.path.basename)
 @pytest.mark.timeout(TIMEOUT_S)  # per notebook, kernel start included (nbclient's timeout is per cell)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_runs(path, kernel_env, workdir):
   nb = nbformat.read(os.path.join(workdir, os.path.basename(path)), as_version=4)
   try:
