@@ -131,7 +131,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    epilog=__doc__.split("\n\n", 1)[1])
   parser.add_argument("--profile", default="quick", choices=sorted(PROFILES),
                       help="quick: 2,000 searches per data set for each gadget scenario and 200 for "
-                           "the realistic one (about 2 min on 2 cores); full: 10x more")
+                           "the realistic one (about 1 min on 2 cores); full: 10x more")
   parser.add_argument("--out", default="figures", help="output directory (default: figures)")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
   args = parser.parse_args(argv)
