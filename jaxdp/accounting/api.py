@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from typing import Optional, Sequence
 
 import dp_accounting as dpa

@@ -14,7 +14,6 @@ meet the target, and sigma / (1 + rtol) was found not to.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import numpy as np

@@ -330,7 +330,7 @@ class PldProfile(PrivacyProfile):
     self._tables = None if any(t is None for t in tables) else tables
     self.description = (f"PLD (dp-accounting, connect-the-dots, pessimistic, discretisation "
                         f"{self.interval:g}; values below {self.floor:g} not trusted"
-                        + (f"; RDP fallback)" if rdp_fallback is not None else ")"))
+                        + ("; RDP fallback)" if rdp_fallback is not None else ")"))
 
   def raw_pld_delta(self, epsilon):
     """The PLD's own hockey-stick value, without the floor: an upper bound only

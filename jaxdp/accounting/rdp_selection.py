@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
-import dp_accounting as dpa
 import numpy as np
 
 from jaxdp.accounting import distributions as dist_lib

@@ -23,7 +23,6 @@ probability at least `confidence`, whatever the mechanism.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 from scipy import stats

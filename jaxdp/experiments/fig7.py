@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import math
 import os
 import sys
 from typing import Optional, Sequence
@@ -177,7 +176,6 @@ def dry_run(profile: Profile) -> int:
 
 def run(profile: Profile, out_dir: str, pool_dir: str, data_dir: Optional[str] = None) -> dict:
   """The whole pipeline; returns the manifest."""
-  import jax  # pylint: disable=g-import-not-at-top
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
   from jaxdp.sweep import SearchSpace, grid_candidates, run_sweep, table_from_records  # pylint: disable=g-import-not-at-top
 

@@ -15,7 +15,6 @@ import pathlib
 import dp_accounting as dpa
 import numpy as np
 import pytest
-from scipy import stats
 
 from jaxdp import accounting as acc
 from tests.accounting import exact_selection as ex

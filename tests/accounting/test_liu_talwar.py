@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from jaxdp import accounting as acc
-from jaxdp.accounting import liu_talwar as lt
 
 
 @pytest.mark.parametrize("gamma,t,want", [

@@ -1,6 +1,5 @@
 """The Ray backend fills the same pool as the local engine, against a local Ray instance."""
 
-import os
 
 import pytest
 

@@ -11,7 +11,7 @@ import pytest
 
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
-from jaxdp.train import DpSgdPlan, LoopSpec, Model, Task, TrainConfig, trainer
+from jaxdp.train import LoopSpec, Model, Task, TrainConfig, trainer
 
 
 def _init(key, x):
