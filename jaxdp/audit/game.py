@@ -183,10 +183,11 @@ def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional
 
   events = [acc.RepeatAndSelect(planning.candidate_event(space, d.num_examples), repetitions)
             for d in (without, with_)]
+  distinct = [e for i, e in enumerate(events) if e not in events[:i]]  # equal unless N matters
   accounted = {}
   for m in methods:
     try:
-      accounted[m] = max(acc.epsilon(e, delta, method=m) for e in events)
+      accounted[m] = max(acc.epsilon(e, delta, method=m) for e in distinct)
     except acc.NotApplicableError:
       accounted[m] = math.nan  # e.g. no privacy-profile theorem for this law of K
   bar = tqdm(total=2 * trials, disable=not progress, desc="audit trials", unit="search")

@@ -107,7 +107,8 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
   for c in candidates:
     if not isinstance(c, Candidate):
       raise ValueError(f"candidates must be Candidate objects, got {type(c).__name__}")
-    tr.check_data(c.config.task, data)
+  for task in {id(c.config.task): c.config.task for c in candidates}.values():
+    tr.check_data(task, data)
   if max_candidates_per_device is not None:
     _validate.integer("max_candidates_per_device", max_candidates_per_device, low=1)
   devices = tuple(devices) if devices is not None else tuple(jax.devices())
@@ -117,13 +118,14 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
   groups: dict = {}
   for i, cand in enumerate(candidates):
     groups.setdefault(_group_key(cand, data), []).append(i)
+  for spec in groups:  # every group's task fits the data before any group trains
+    tr.check_task(spec, data)
 
   train, test, validation = tr.device_splits(data)
   n = data.num_examples
   results: list = [None] * len(candidates)
   bar = tqdm(total=len(candidates), disable=not progress, desc="candidates", unit="cand")
   for spec, idx in groups.items():
-    tr.check_task(spec, data)
     per_dev = max_candidates_per_device or auto_candidates_per_device(spec, devices[0], train)
     per_dev = min(per_dev, math.ceil(len(idx) / len(devices)))
     chunk = per_dev * len(devices)

@@ -260,8 +260,17 @@ def dp_event(config: TrainConfig, num_examples: Optional[int] = None) -> dp_acco
 
 def epsilon(config: TrainConfig, num_examples: Optional[int] = None) -> float:
   """Epsilon of the run at `config.target_delta` by the RDP accountant (inf if sigma=0)."""
-  accountant = rdp.RdpAccountant()
-  return float(accountant.compose(config.dp_event(num_examples)).get_epsilon(config.target_delta))
+  event = config.dp_event(num_examples)
+  try:
+    return _epsilon_of_event(event, float(config.target_delta))
+  except TypeError:  # a ComposedDpEvent holds a list: unhashable, so not cached
+    return _epsilon_of_event.__wrapped__(event, float(config.target_delta))
+
+
+# Sweeps ask for the same few events thousands of times.
+@functools.lru_cache(maxsize=1024)
+def _epsilon_of_event(event: dp_accounting.DpEvent, delta: float) -> float:
+  return float(rdp.RdpAccountant().compose(event).get_epsilon(delta))
 
 
 def _device_dtype(leaf) -> np.dtype:
@@ -673,22 +682,9 @@ def result_of(config: TrainConfig, num_examples: int, out: LoopOutput, score, te
     score = test_score = test_loss = float("nan")
   return CandidateResult(
       score=score, test_score=test_score, test_loss=test_loss, steps=int(out.steps),
-      planned_steps=config.num_steps_for(num_examples), epsilon=_epsilon_cached(config, num_examples),
+      planned_steps=config.num_steps_for(num_examples), epsilon=epsilon(config, num_examples),
       delta=float(config.target_delta), diverged=diverged, wall_time_s=wall_time_s,
       score_source=score_source(config.task), params=params)
-
-
-@functools.lru_cache(maxsize=1024)
-def _epsilon_of_event(event: dp_accounting.DpEvent, delta: float) -> float:
-  return float(rdp.RdpAccountant().compose(event).get_epsilon(delta))
-
-
-def _epsilon_cached(config: TrainConfig, num_examples: int) -> float:
-  event = config.dp_event(num_examples)
-  try:
-    return _epsilon_of_event(event, float(config.target_delta))
-  except TypeError:  # a ComposedDpEvent holds a list: unhashable, so not cached
-    return epsilon(config, num_examples)
 
 
 def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
