@@ -64,3 +64,19 @@ def test_sweep_throughput_benchmark():
                           "sequential_candidates_per_hour", "speedup", "vmap_speedup", "simulator_seconds"])
   assert out["simulator_trials"] == 5 and out["simulator_means"] == 2
   assert len(out["devices"]) == os.cpu_count()  # the script exposes every core as a device
+
+
+def test_dpsgd_memory_benchmark():
+  out = _run("benchmarks.dpsgd_memory", "--quick")
+  assert out["quick"] is True and out["batches"] == [8]
+  assert out["num_params"] == (784 + 1) * 64 + (64 + 1) * 64 + (64 + 1) * 10  # 784-64-64-10 MLP
+  assert [(r["path"], r["batch"]) for r in out["results"]] == [("vmap", 8), ("ghost", 8)]
+  for r in out["results"]:  # the tiny model fits any budget, so both configurations ran
+    assert r["skipped"] is None
+    _positive_numbers(r, ["compiled_peak_bytes", "temp_bytes", "argument_bytes", "output_bytes",
+                          "step_s", "examples_per_s", "compile_s"])
+  assert len(out["ratios"]) == 1
+  _positive_numbers(out["ratios"][0], ["memory_ghost_over_vmap", "speed_ghost_over_vmap"])
+  assert out["ratios"][0]["memory_ghost_over_vmap"] < 1  # compiled sizes, not timings: deterministic
+  _positive_numbers(out, ["budget_bytes", "devices"])
+  assert {"backend", "device_kind", "cpu_count", "jax_version"} <= set(out)

@@ -1,0 +1,497 @@
+"""Ghost clipping: the clipped gradient sum without per-example weight gradients.
+
+`ghost_clipped_grad_sum` returns what `clipping.clipped_grad_sum` returns,
+but for every eligible `flax.linen.Dense`, `flax.linen.Conv` and
+`jaxdp.models.Conv2D` call it never materialises the (b, d_in, d_out)
+per-example kernel gradients, which dominate the memory of the vmap path for
+wide layers.  Every other parameter falls back to vmap per-example gradients.
+
+For a layer y_t = r_t W + c (t over positions: the middle axes of a Dense
+input, the output pixels of a convolution whose rows r_t are the input
+patches) the per-example gradients are
+
+  dL/dW = sum_t r_t^T g_t = R^T G,     dL/dc = sum_t g_t,
+
+with g_t = dL/dy_t.  Hence, with per-example R (T, d_in) and G (T, d_out),
+
+  ||R^T G||_F^2 = sum_{t,s} (r_t . r_s)(g_t . g_s)             (Gram, cost ~ T^2)
+
+or R^T G itself (cost ~ d_in d_out), whichever is cheaper; for T = 1 it is
+||r||^2 ||g||^2 (Goodfellow, "Efficient per-example gradient computations",
+arXiv:1510.01799; Li et al., "Large language models can be strong
+differentially private learners", ICLR 2022, Sec. 4; the per-layer choice is
+the "mixed ghost clipping" of Bu et al., "Scalable and efficient training of
+large convolutional neural networks with differential privacy", NeurIPS
+2022).  One vmapped backward pass gives R, G and the fallback leaves'
+per-example gradients; the clipped sum is then sum_i w_i R_i^T G_i with the
+clip factors w_i, so no second backward pass is needed (the "book-keeping"
+trick of Bu et al., "Differentially private optimization on large model at
+small cost", ICML 2023).
+
+Sensitivity holds by construction: example i adds w_i (R_i^T G_i per ghost
+layer, its vmap gradient per fallback leaf) to the sum, and w_i was computed
+from the norm of exactly that vector.  That the vector *is* the example's
+gradient needs each ghost kernel and bias to be used by its one call alone.
+This is decided structurally, at trace time, on abstract values of one
+example: a call qualifies only if it is made in the loss's own trace (not
+inside nn.scan, nn.remat, jax.checkpoint ...), its parameters are leaves of
+`params` (checked by identity), and no other call reads them; then, on a
+jaxpr in which every qualifying call is recomputed from separate copies of
+its parameters, the original parameter inputs must be unused.  A kernel that
+is tied, read by another module or by the loss itself, or used by a layer
+called twice therefore falls back: its gradient has other terms, which a
+ghost norm would miss.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Any, Callable, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.extend.core as jax_core
+import jax.numpy as jnp
+from flax.linen import dtypes as flax_dtypes
+
+from jaxdp.models import layers as jaxdp_layers
+from jaxdp.train import clipping
+
+PyTree = Any
+LossFn = clipping.LossFn
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+_NOT_DETERMINISTIC = ("loss_fn made different Dense/Conv calls when traced again; ghost clipping "
+                      "needs a loss whose layer calls depend on shapes only")
+
+
+class GhostLayer(NamedTuple):
+  """One call of a Dense / Conv / Conv2D module seen while tracing the loss.
+
+  Attributes:
+    module: the module's path, '/'-joined (e.g. 'Dense_0' or 'block/Conv_1').
+    call: 0 for its first call in the loss, 1 for the second, ...
+    kind: 'Dense', 'Conv' or 'Conv2D'.
+    leaves: the `params` leaves (as `jax.tree_util.keystr` paths) this call
+      reads; empty when its parameters are not leaves of `params` (e.g.
+      inside `nn.scan`).
+    reason: None when the call's gradient norms are computed by ghost
+      clipping; otherwise why its leaves fall back to vmap.
+  """
+  module: str
+  call: int
+  kind: str
+  leaves: tuple[str, ...]
+  reason: str | None
+
+
+class GhostSplit(NamedTuple):
+  """How `ghost_clipped_grad_sum` treats each leaf of `params`.
+
+  Attributes:
+    layers: every Dense / Conv / Conv2D call in the loss, in call order.
+    ghost_leaves: leaves whose per-example norms come from ghost clipping.
+    fallback_leaves: leaves whose per-example gradients are materialised by
+      vmap; every leaf of `params` is in exactly one of the two.
+  """
+  layers: tuple[GhostLayer, ...]
+  ghost_leaves: tuple[str, ...]
+  fallback_leaves: tuple[str, ...]
+
+
+@dataclasses.dataclass
+class _Call:
+  key: tuple[str, int]  # (module path, call index): the same in every trace
+  kind: str
+  module: nn.Module | None  # an unbound clone (eligible calls only)
+  params: dict[str, int]  # parameter name -> index among params' leaves
+  out: jax.ShapeDtypeStruct | None  # one example's output (a batch of one), if eligible
+  reason: str | None = None
+
+
+def _kind(module: nn.Module) -> str | None:
+  # Exact types only: a subclass may change __call__ or anything it relies on.
+  if type(module) is nn.Dense:  # pylint: disable=unidiomatic-typecheck
+    return "Dense"
+  if type(module) is nn.Conv:  # pylint: disable=unidiomatic-typecheck
+    return "Conv"
+  if type(module) is jaxdp_layers.Conv2D:  # pylint: disable=unidiomatic-typecheck
+    return "Conv2D"
+  return None
+
+
+def _input(args, kwargs):
+  """The one array a layer's __call__ takes, or None for any other call shape."""
+  if len(args) == 1 and not kwargs:
+    return args[0]
+  if not args and len(kwargs) == 1:
+    return next(iter(kwargs.values()))
+  return None
+
+
+def _expected_params(kind: str, module: nn.Module) -> set[str]:
+  if kind == "Conv2D" or module.use_bias:
+    return {"kernel", "bias"}
+  return {"kernel"}
+
+
+def _config_reason(kind: str, module: nn.Module, x, variables) -> str | None:
+  """Why this call is not a plain affine map in its parameters, or None."""
+  if not isinstance(x, jax.Array) or not jnp.issubdtype(x.dtype, jnp.floating):
+    return "input is not a floating-point array"
+  if set(variables) != _expected_params(kind, module):
+    return f"unexpected parameters {sorted(variables)}"
+  # Mixed dtypes would make the layer's gradient a cast of R^T G; keep it simple.
+  if any(jnp.result_type(v) != x.dtype for v in variables.values()):
+    return "parameter and input dtypes differ"
+  if kind == "Conv2D":
+    if module.impl not in jaxdp_layers.CONV_IMPLS or x.ndim != 4:
+      return "unsupported Conv2D configuration"
+    return None
+  if module.dtype is not None and jnp.dtype(module.dtype) != x.dtype:
+    return "computation dtype differs from the input dtype"
+  if module.promote_dtype is not flax_dtypes.promote_dtype:
+    return "custom promote_dtype"
+  if kind == "Dense":
+    if module.dot_general is not None or module.dot_general_cls is not None:
+      return "custom dot_general"
+    return None
+  if module.feature_group_count != 1:
+    return "feature_group_count != 1"
+  if module.mask is not None:
+    return "masked kernel"
+  if module.conv_general_dilated is not None or module.conv_general_dilated_cls is not None:
+    return "custom conv_general_dilated"
+  return None
+
+
+def _interceptor(on_call: Callable[..., Any]):
+  """A flax method interceptor calling on_call(key, kind, module, nested, next_fun, args, kwargs).
+
+  Calls are keyed by (module path, how many times that path was called
+  before); the key is the same in every trace of the same loss.  `nested` is
+  True for a call made inside a JAX transform within the loss (nn.scan,
+  nn.remat, jax.checkpoint, an inner jit ...): its values belong to another
+  trace, so it can never be ghost (it may also run any number of times).
+  Create the interceptor inside the traced function whose trace is the
+  reference.  Calls made while on_call runs (our own clones) pass through.
+  """
+  counts = collections.Counter()
+  depth = [0]
+  top = jax_core.get_opaque_trace_state(convention="flax")
+
+  def interceptor(next_fun, args, kwargs, context):
+    module = context.module
+    kind = _kind(module) if context.method_name == "__call__" else None
+    if depth[0] or kind is None or module.scope is None:
+      return next_fun(*args, **kwargs)
+    path = "/".join(module.path)
+    key = (path, counts[path])
+    counts[path] += 1
+    nested = jax_core.get_opaque_trace_state(convention="flax") != top
+    depth[0] += 1
+    try:
+      return on_call(key, kind, module, nested, next_fun, args, kwargs)
+    finally:
+      depth[0] -= 1
+  return nn.intercept_methods(interceptor)
+
+
+def _single_loss(loss_fn: LossFn, params: PyTree, example: PyTree) -> jax.Array:
+  # Exactly `clipping.per_example_grads`' per-example function.
+  return loss_fn(params, jax.tree.map(lambda leaf: leaf[None], example))[0]
+
+
+def _discover(loss_fn, treedef, leaf_avals, example_avals) -> list[_Call]:
+  """All Dense / Conv / Conv2D calls of one example's loss, with static facts."""
+  calls = []
+
+  def fun(leaves, example):
+    ids = {id(leaf): i for i, leaf in enumerate(leaves)}
+
+    def on_call(key, kind, module, nested, next_fun, args, kwargs):
+      x = _input(args, kwargs)
+      variables = dict(module.variables.get("params", {}))
+      params = {name: ids.get(id(v)) for name, v in variables.items()}
+      reason = _config_reason(kind, module, x, variables)
+      if any(i is None for i in params.values()):
+        # E.g. inside nn.scan / nn.vmap, or under nn.map_variables.
+        reason, params = "parameters are not leaves of params (lifted transform?)", {}
+      if nested:
+        reason = "called inside a JAX transform within the loss (lifted transform?)"
+      y = next_fun(*args, **kwargs)
+      if reason is None and (not isinstance(y, jax.Array) or y.dtype != x.dtype):
+        reason = "unexpected output"
+      # Only eligible calls keep a clone: others may hold this trace's values.
+      calls.append(_Call(key=key, kind=kind,
+                         module=module.clone(parent=None) if reason is None else None,
+                         params={n: i for n, i in params.items() if i is not None},
+                         out=jax.ShapeDtypeStruct(y.shape, y.dtype) if reason is None else None,
+                         reason=reason))
+      return y
+
+    with _interceptor(on_call):
+      return _single_loss(loss_fn, treedef.unflatten(leaves), example)
+
+  jax.make_jaxpr(fun)(leaf_avals, example_avals)
+  # A leaf read by two calls (a layer called twice, two layers sharing a
+  # kernel) gets gradient terms from both: neither call may claim it.
+  users = collections.Counter(i for c in calls for i in c.params.values())
+  for c in calls:
+    if c.reason is None and any(users[i] > 1 for i in c.params.values()):
+      c.reason = "parameters shared with another Dense/Conv call"
+  return calls
+
+
+def _check_sole_use(loss_fn, treedef, leaf_avals, example_avals, calls: list[_Call]) -> None:
+  """Marks eligible calls whose parameter leaves are used anywhere else.
+
+  Traces the loss with each eligible call recomputed by its unbound clone
+  from separate copies of its parameters; an original leaf that is still an
+  input of any equation (or an output) is used outside its call, e.g. by a
+  tied layer or a module reading another's variables.  Repeats until no
+  remaining call is affected.
+  """
+  while True:
+    eligible = {c.key: c for c in calls if c.reason is None}
+    if not eligible:
+      return
+    copy_avals = {j: {n: leaf_avals[i] for n, i in c.params.items()}
+                  for j, c in enumerate(eligible.values())}
+    slot = {key: j for j, key in enumerate(eligible)}
+
+    def fun(leaves, copies, example):
+      seen = set()
+
+      def on_call(key, kind, module, nested, next_fun, args, kwargs):
+        del kind, module
+        if key not in eligible:
+          return next_fun(*args, **kwargs)
+        if nested or key in seen:
+          raise RuntimeError(_NOT_DETERMINISTIC)
+        seen.add(key)
+        return eligible[key].module.apply({"params": copies[slot[key]]}, _input(args, kwargs))
+
+      with _interceptor(on_call):
+        out = _single_loss(loss_fn, treedef.unflatten(leaves), example)
+      if seen != set(eligible):
+        raise RuntimeError(_NOT_DETERMINISTIC)
+      return out
+
+    jaxpr = jax.make_jaxpr(fun)(leaf_avals, copy_avals, example_avals).jaxpr
+    leaf_vars = jaxpr.invars[:len(leaf_avals)]
+    # Sub-jaxprs (pjit, cond, scan, custom_vjp ...) get outer values only as
+    # operands of their equation, so the top level sees every use.
+    used = {id(v) for eqn in jaxpr.eqns for v in eqn.invars if isinstance(v, jax_core.Var)}
+    used |= {id(v) for v in jaxpr.outvars if isinstance(v, jax_core.Var)}
+    changed = False
+    for c in eligible.values():
+      if any(id(leaf_vars[i]) in used for i in c.params.values()):
+        c.reason = "a parameter is also used outside this call (tied weights?)"
+        changed = True
+    if not changed:
+      return
+
+
+def _analyse(loss_fn: LossFn, params: PyTree, batch: PyTree):
+  """(calls, leaf paths, treedef) for one example's loss, from shapes only."""
+  with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
+  names = [jax.tree_util.keystr(path) for path, _ in with_path]
+  leaf_avals = [jax.ShapeDtypeStruct(jnp.shape(leaf), jnp.result_type(leaf)) for _, leaf in with_path]
+  example_avals = jax.tree.map(
+      lambda leaf: jax.ShapeDtypeStruct(jnp.shape(leaf)[1:], jnp.result_type(leaf)), batch)
+  calls = _discover(loss_fn, treedef, leaf_avals, example_avals)
+  _check_sole_use(loss_fn, treedef, leaf_avals, example_avals, calls)
+  return calls, names, treedef
+
+
+def ghost_layers(loss_fn: LossFn, params: PyTree, batch: PyTree) -> GhostSplit:
+  """Which leaves `ghost_clipped_grad_sum` handles by ghost norms, and why others fall back.
+
+  Only shapes are used (nothing is computed on the values), so `params` and
+  `batch` may be `jax.ShapeDtypeStruct` trees.
+
+  Args:
+    loss_fn: per-example loss, as for `clipping.clipped_grad_sum`.
+    params: parameter tree.
+    batch: pytree of arrays with the examples on the leading axis.
+
+  Returns:
+    The `GhostSplit`.
+
+  Example:
+    >>> import flax.linen as nn, jax, jax.numpy as jnp
+    >>> model = nn.Dense(3)
+    >>> params = model.init(jax.random.key(0), jnp.ones((1, 4)))
+    >>> loss_fn = lambda p, x: jnp.sum(model.apply(p, x) ** 2, axis=-1)
+    >>> ghost_layers(loss_fn, params, jnp.ones((8, 4))).fallback_leaves
+    ()
+  """
+  calls, names, _ = _analyse(loss_fn, params, batch)
+  layers = tuple(GhostLayer(module=c.key[0], call=c.key[1], kind=c.kind,
+                            leaves=tuple(names[i] for i in sorted(c.params.values())),
+                            reason=c.reason) for c in calls)
+  ghost = {i for c in calls if c.reason is None for i in c.params.values()}
+  return GhostSplit(layers=layers,
+                    ghost_leaves=tuple(n for i, n in enumerate(names) if i in ghost),
+                    fallback_leaves=tuple(n for i, n in enumerate(names) if i not in ghost))
+
+
+def _rows(call: _Call, x: jax.Array) -> jax.Array:
+  """(b, T, d_in) rows R with y = R @ kernel.reshape(d_in, d_out) + bias, per example.
+
+  x holds b examples' inputs, each shaped as the layer saw it.
+  """
+  b = x.shape[0]
+  module = call.module
+  if call.kind == "Dense":
+    return x.reshape(b, -1, x.shape[-1])
+  if call.kind == "Conv2D":
+    patches = jaxdp_layers.extract_patches(x.reshape((-1,) + x.shape[-3:]), module.kernel_size,
+                                           module.strides, module.padding)
+    return patches.reshape(b, -1, patches.shape[-1])  # (kh, kw, C) order = kernel.reshape
+  # nn.Conv: run the layer itself with a one-hot kernel, grouped by input
+  # channel (as lax.conv_general_dilated_patches does), so its own padding
+  # (SAME, CIRCULAR, CAUSAL, ...), strides and dilations give the patches.
+  kernel_size = (module.kernel_size,) if isinstance(module.kernel_size, int) else tuple(module.kernel_size)
+  k, c_in = math.prod(kernel_size), x.shape[-1]
+  # Channel c's group has outputs c*k + j; output j copies kernel position j.
+  one_hot = jnp.tile(jnp.eye(k, dtype=x.dtype), (1, c_in)).reshape(kernel_size + (1, c_in * k))
+  patch_layer = module.clone(parent=None, features=c_in * k, use_bias=False,
+                             feature_group_count=c_in, precision=_HIGHEST)
+  # Leading axes beyond the spatial ones are batch axes to nn.Conv.
+  patches = patch_layer.apply({"params": {"kernel": one_hot}}, x)
+  patches = patches.reshape(b, -1, c_in, k)
+  return jnp.swapaxes(patches, -1, -2).reshape(b, -1, k * c_in)  # (kernel position, C) order
+
+
+def _kernel_sq_norms(rows: jax.Array, cots: jax.Array) -> jax.Array:
+  """||R_i^T G_i||_F^2 per example, by the cheaper of the Gram and direct forms."""
+  t, d_in, d_out = rows.shape[1], rows.shape[2], cots.shape[2]
+  if t == 1:
+    return jnp.sum(jnp.square(rows), (1, 2)) * jnp.sum(jnp.square(cots), (1, 2))
+  if t * (d_in + d_out) < d_in * d_out:
+    # sum_{t,s} (r_t . r_s)(g_t . g_s): memory and work ~ T^2 per example.
+    rr = jnp.einsum("btk,bsk->bts", rows, rows, precision=_HIGHEST)
+    gg = jnp.einsum("bto,bso->bts", cots, cots, precision=_HIGHEST)
+    # >= 0 in exact arithmetic; maximum keeps NaN (it propagates) for clip_factors.
+    return jnp.maximum(jnp.sum(rr * gg, (1, 2)), 0.0)
+  per_example = jnp.einsum("btk,bto->bko", rows, cots, precision=_HIGHEST)
+  return jnp.sum(jnp.square(per_example), (1, 2))
+
+
+def _per_example_sq_norms(grads: list[jax.Array]) -> jax.Array:
+  return sum(jnp.sum(jnp.square(g.reshape(g.shape[0], -1)), axis=1) for g in grads)
+
+
+def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask: jax.Array,
+                           l2_clip_norm: jax.Array) -> tuple[PyTree, jax.Array]:
+  """Sum over the unmasked examples of their clipped gradients, by ghost clipping.
+
+  A drop-in for `clipping.clipped_grad_sum`: same arguments, same result up
+  to float rounding, but eligible Dense / Conv / Conv2D layers (see
+  `ghost_layers`) never hold per-example weight gradients, so memory grows
+  with the activations instead of with b x the parameter count.  Without any
+  eligible layer this is `clipping.clipped_grad_sum`.
+
+  Jittable and vmappable (over params, batch and l2_clip_norm); the layer
+  analysis runs at trace time on shapes only, so it is free once compiled.
+
+  Guarantees:
+    * Each example's clipped contribution has L2 norm at most
+      `l2_clip_norm` (up to float rounding), as for the vmap path: the norm
+      that sets its clip factor is the norm of exactly the gradient summed.
+    * Masked rows, and rows whose gradient norm is not finite, contribute
+      exactly zero (selected away with `where`, never multiplied by 0).
+
+  Args:
+    loss_fn: maps (params, batch) to per-example losses (b,); see
+      `clipping.per_example_grads`.
+    params: parameter tree.
+    batch: pytree of arrays with b examples on the leading axis.
+    mask: (b,) boolean, True for rows that belong to the sampled batch.
+    l2_clip_norm: clip norm C > 0 (may be traced).
+
+  Returns:
+    (summed clipped gradient tree shaped like `params`, number of unmasked
+    rows as float32).
+
+  Raises:
+    RuntimeError: if `loss_fn` makes different layer calls in different
+      traces (its calls must depend on shapes only).
+  """
+  calls, _, treedef = _analyse(loss_fn, params, batch)
+  ghost_calls = [c for c in calls if c.reason is None]
+  if not ghost_calls:
+    return clipping.clipped_grad_sum(loss_fn, params, batch, mask, l2_clip_norm)
+  leaves = jax.tree.leaves(params)
+  ghost_idx = {i for c in ghost_calls for i in c.params.values()}
+  fallback_idx = [i for i in range(len(leaves)) if i not in ghost_idx]
+  slot = {c.key: j for j, c in enumerate(ghost_calls)}
+
+  def single(fallback_leaves, perturbations, example):
+    # Eligible layers' parameters are closed over, not differentiated: their
+    # per-example gradients are what we avoid building.
+    full = list(leaves)
+    for i, leaf in zip(fallback_idx, fallback_leaves):
+      full[i] = leaf
+    inputs = {}
+
+    def on_call(key, kind, module, nested, next_fun, args, kwargs):
+      del kind
+      if key not in slot:
+        return next_fun(*args, **kwargs)
+      call = ghost_calls[slot[key]]
+      variables = module.variables.get("params", {})
+      if nested or slot[key] in inputs or set(variables) != set(call.params) or any(
+          variables[n] is not full[i] for n, i in call.params.items()):
+        raise RuntimeError(_NOT_DETERMINISTIC)
+      inputs[slot[key]] = _input(args, kwargs)
+      # The gradient w.r.t. a zero added to the output is the output cotangent G.
+      return next_fun(*args, **kwargs) + perturbations[slot[key]]
+
+    with _interceptor(on_call):
+      loss = _single_loss(loss_fn, treedef.unflatten(full), example)
+    if len(inputs) != len(ghost_calls):
+      raise RuntimeError(_NOT_DETERMINISTIC)
+    return loss, inputs
+
+  perturbations = {j: jnp.zeros(c.out.shape, c.out.dtype) for j, c in enumerate(ghost_calls)}
+  grad_fn = jax.value_and_grad(single, argnums=(0, 1), has_aux=True)
+  (_, inputs), (fallback_grads, cots) = jax.vmap(grad_fn, in_axes=(None, None, 0))(
+      [leaves[i] for i in fallback_idx], perturbations, batch)
+
+  b = mask.shape[0]
+  sq_norms = jnp.zeros((b,), jnp.float32)
+  if fallback_grads:
+    sq_norms = sq_norms + _per_example_sq_norms(fallback_grads)
+  factors = []  # (rows, cotangents) per ghost call
+  for j, call in enumerate(ghost_calls):
+    rows = _rows(call, inputs[j])
+    g = cots[j].reshape(b, -1, cots[j].shape[-1])
+    sq_norms = sq_norms + _kernel_sq_norms(rows, g)
+    if "bias" in call.params:
+      sq_norms = sq_norms + jnp.sum(jnp.square(jnp.sum(g, axis=1)), axis=1)
+    factors.append((rows, g))
+  norms = jnp.sqrt(sq_norms)
+  weights = jnp.where(mask, clipping.clip_factors(norms, l2_clip_norm), 0.0)
+
+  out = list(leaves)
+  if fallback_grads:
+    for i, g in zip(fallback_idx, clipping.weighted_sum(fallback_grads, weights, norms)):
+      out[i] = g
+  keep = (weights > 0)[:, None, None]
+  for call, (rows, g) in zip(ghost_calls, factors):
+    # where(), not a product, so a dropped row holding inf/NaN adds exactly 0.
+    rows = jnp.where(keep, rows, 0.0)
+    g = jnp.where(keep, g, 0.0) * weights[:, None, None].astype(g.dtype)
+    kernel_index = call.params["kernel"]
+    # HIGHEST, as for the norms: each example's summand is then, to float32
+    # rounding, the very vector whose norm set its clip factor (TF32 would not be).
+    kernel_sum = jnp.einsum("btk,bto->ko", rows, g, precision=_HIGHEST)
+    out[kernel_index] = kernel_sum.reshape(leaves[kernel_index].shape)
+    if "bias" in call.params:
+      out[call.params["bias"]] = jnp.sum(g, axis=(0, 1)).reshape(leaves[call.params["bias"]].shape)
+  return treedef.unflatten(out), jnp.sum(mask.astype(jnp.float32))
