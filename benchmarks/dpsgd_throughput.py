@@ -3,21 +3,24 @@
 Model: the Papernot-Steinke all-convolutional CNN (jaxdp.models), batch 256 of
 28x28x1, tanh, as the classifier preset task (`jaxdp.train.presets.classifier`
 with hyperparameters model='papernot_steinke_cnn', learning_rate=0.1).  The DP
-step is the library path used by `train_candidate`: the task's per-example
-loss over a `DataSplit` batch, `DpSgdPlan.clipped_grad` (`clipped_grad_sum`:
-vmap per-example gradients, clip, masked sum) followed by the plan's
-`privatizer` (Gaussian noise of std sigma x the clipped gradient's
-sensitivity, division by the expected batch size) chained with the task's
-optimizer (`presets.classifier_optimizer`: SGD with coupled weight decay 0).
-The non-private step applies plain `optax.sgd` to the mean loss's gradient.
-Both steps are measured in this process, alternating, median of repeats.
+step is the library path `train_candidate` runs: `DpSgdPlan.batch_sum` (the
+Poisson sample, here q = 1 on N = batch examples, processed in microbatches
+of the automatic size, `jaxdp.train.microbatching`) of
+`DpSgdPlan.clipped_grad` (per-example gradients, clip, masked sum), then the
+plan's `privatizer` (Gaussian noise of std sigma x the sensitivity, division
+by the expected batch size) chained with the task's optimizer
+(`presets.classifier_optimizer`: SGD).  The non-private step applies plain
+`optax.sgd` to the mean loss's gradient.  Both steps are measured in this
+process, alternating, median of repeats.
 
-Variants tried (reported under "variants"):
-  * im2col convolutions (library default) vs XLA native convolutions: vmap of
-    a native convolution's weight gradient lowers to a batch-grouped
-    convolution, which XLA:CPU runs slowly; im2col turns it into a batched
-    matmul with the same FLOPs as the non-private weight gradient.
-  * microbatched DP step (lax.map over 4 microbatches of 64) vs one vmap.
+Variants (under "variants", the first is the default):
+  * automatic microbatch size (the library default) vs the whole batch in
+    one vmap (the default before microbatching was automatic) vs 4
+    microbatches;
+  * ghost clipping (`Task(clipping='ghost')`, `jaxdp.train.ghost`);
+  * XLA native convolutions instead of im2col: vmap of a native
+    convolution's weight gradient lowers to a batch-grouped convolution,
+    which XLA:CPU runs slowly.
 
 Usage: python benchmarks/dpsgd_throughput.py [--batch 256] [--repeats 7] [--quick]
 
@@ -39,12 +42,12 @@ import jax.numpy as jnp
 import optax
 
 from jaxdp.data import DataSplit
-from jaxdp.train import DpSgdPlan, presets
+from jaxdp.train import DpSgdPlan, microbatching, presets
 
 HPARAMS = dict(model="papernot_steinke_cnn", activation="tanh", learning_rate=0.1)
 
 
-def _steps(conv_impl: str, batch: int, microbatches: int, image_size: int = 28):
+def _steps(conv_impl: str, batch: int, microbatch: int | None, image_size: int, clipping: str):
   task = presets.classifier(10, conv_impl=conv_impl)
   model = task.model_for(HPARAMS)
   loss_fn = task.per_example_loss(model)  # (params, DataSplit batch) -> (b,)
@@ -57,31 +60,31 @@ def _steps(conv_impl: str, batch: int, microbatches: int, image_size: int = 28):
     updates, opt_state = sgd.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  # q = 1 on N = batch examples: the privatizer divides the noisy sum by q*N = the batch.
+  x = jax.random.normal(jax.random.key(1), (batch, image_size, image_size, 1))
+  data = DataSplit(x, jnp.arange(batch) % 10)
+  params = jax.jit(model.init)(jax.random.key(2), x[:1])
+  if microbatch is None:  # what the trainer picks for a padded batch of this size
+    per_example = microbatching.per_example_bytes(loss_fn, params, jax.tree.map(lambda a: a[:1], data))
+    microbatch = microbatching.auto_microbatch_size(batch, per_example, microbatching.budget_bytes(),
+                                                    divide=True)
+  # q = 1 on N = batch examples: every example is sampled and the privatizer
+  # divides the noisy sum by q*N = the batch.
   plan = DpSgdPlan(l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=1.0, num_steps=1,
                    num_examples=batch)
-  clipped = plan.clipped_grad(loss_fn)
+  clipped = plan.clipped_grad(loss_fn, method=clipping)
   dp = optax.chain(plan.privatizer(clipped, jax.random.key(0)), optimizer)
 
   @jax.jit
-  def dp_step(params, opt_state, batch_, mask):
-    if microbatches == 1:
-      grad_sum = clipped(params, batch_, mask)
-    else:
-      m = batch // microbatches
-      split = lambda a: a.reshape((microbatches, m) + a.shape[1:])
-      parts = jax.lax.map(lambda t: clipped(params, *t), jax.tree.map(split, (batch_, mask)))
-      grad_sum = jax.tree.map(lambda g: g.sum(0), parts)
+  def dp_step(params, opt_state, batch_, key):
+    take = lambda idx: jax.tree.map(lambda a: a[idx], batch_)
+    grad_sum, _ = plan.batch_sum(key, lambda idx, valid: clipped(params, take(idx), valid),
+                                 padded_batch_size=batch, microbatch_size=microbatch)
     updates, opt_state = dp.update(grad_sum, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  x = jax.random.normal(jax.random.key(1), (batch, image_size, image_size, 1))
-  data = DataSplit(x, jnp.arange(batch) % 10)
-  mask = jnp.ones(batch, bool)
-  params = jax.jit(model.init)(jax.random.key(2), x[:1])
   np_state, dp_state = sgd.init(params), dp.init(params)
   return (lambda: nonprivate_step(params, np_state, data),
-          lambda: dp_step(params, dp_state, data, mask))
+          lambda: dp_step(params, dp_state, data, jax.random.key(3)), microbatch)
 
 
 def _time(fn, repeats: int) -> list[float]:
@@ -93,9 +96,10 @@ def _time(fn, repeats: int) -> list[float]:
   return out
 
 
-def measure(conv_impl: str, batch: int, repeats: int, microbatches: int = 1, image_size: int = 28) -> dict:
+def measure(conv_impl: str, batch: int, repeats: int, microbatch: int | None = None,
+            image_size: int = 28, clipping: str = "vmap", label: str = "") -> dict:
   """Compiles both steps, then times them alternately; returns medians."""
-  nonprivate, dp = _steps(conv_impl, batch, microbatches, image_size)
+  nonprivate, dp, microbatch = _steps(conv_impl, batch, microbatch, image_size, clipping)
   t0 = time.perf_counter()
   jax.block_until_ready(nonprivate())
   jax.block_until_ready(dp())
@@ -106,7 +110,7 @@ def measure(conv_impl: str, batch: int, repeats: int, microbatches: int = 1, ima
     t_np += _time(nonprivate, 1)
     t_dp += _time(dp, 1)
   np_s, dp_s = statistics.median(t_np), statistics.median(t_dp)
-  return {"conv_impl": conv_impl, "microbatches": microbatches,
+  return {"variant": label, "conv_impl": conv_impl, "clipping": clipping, "microbatch_size": microbatch,
           "nonprivate_examples_per_s": batch / np_s, "dp_examples_per_s": batch / dp_s,
           "dp_over_nonprivate_time": dp_s / np_s, "nonprivate_step_s": np_s, "dp_step_s": dp_s,
           "compile_s": compile_s}
@@ -125,20 +129,28 @@ def main(argv=None) -> int:
   if args.quick:
     args.batch, args.repeats, args.image_size, args.skip_variants = 8, 1, 8, True
   size = args.image_size
-  main_result = measure("im2col", args.batch, args.repeats, image_size=size)
-  variants = []
+  main_result = measure("im2col", args.batch, args.repeats, image_size=size,
+                        label="default (automatic microbatch)")
+  variants = [main_result]
   if not args.skip_variants:
-    variants.append(measure("native", args.batch, max(3, args.repeats // 2), image_size=size))
-    variants.append(measure("im2col", args.batch, max(3, args.repeats // 2), microbatches=4, image_size=size))
+    r = max(3, args.repeats // 2)
+    variants.append(measure("im2col", args.batch, r, microbatch=args.batch, image_size=size,
+                            label="one vmap over the whole batch (the previous default)"))
+    variants.append(measure("im2col", args.batch, r, microbatch=args.batch // 4, image_size=size,
+                            label="4 microbatches"))
+    variants.append(measure("im2col", args.batch, r, image_size=size, clipping="ghost",
+                            label="ghost clipping, automatic microbatch"))
+    variants.append(measure("native", args.batch, r, image_size=size, label="native convolutions"))
   result = {
       "model": "papernot_steinke_cnn", "batch": args.batch, "input_shape": [size, size, 1],
       "nonprivate_examples_per_s": main_result["nonprivate_examples_per_s"],
       "dp_examples_per_s": main_result["dp_examples_per_s"],
       "dp_over_nonprivate_time": main_result["dp_over_nonprivate_time"],
-      "conv_impl": "im2col", "repeats": args.repeats, "quick": bool(args.quick),
+      "conv_impl": "im2col", "microbatch_size": main_result["microbatch_size"],
+      "repeats": args.repeats, "quick": bool(args.quick),
       "backend": jax.default_backend(), "devices": len(jax.devices()),
       "cpu_count": os.cpu_count(), "jax_version": jax.__version__,
-      "variants": [main_result] + variants,
+      "variants": variants,
   }
   print(json.dumps(result, indent=2))
   return 0

@@ -8,6 +8,9 @@ N on one device, `sequential` calls `train_candidate` N times.
 
   python -m benchmarks.sweep_throughput [--candidates 8] [--steps 20] [--quick]
 
+`compile_seconds_per_group` is each path's compilation of the group's
+program (`CandidateResult.compile_time_s` of its warm-up run).
+
 `--quick` (2 logistic-regression candidates, 2 steps, 5 simulated trials on
 2 means) only checks that the script still runs; its numbers mean nothing.
 """
@@ -61,13 +64,14 @@ def main(argv=None) -> int:
   cands = grid_candidates(SearchSpace(base, {"learning_rate": lrs}), seeds=[0])
   devices = jax.devices()
 
-  runs = {}
+  runs, compile_s = {}, {}
   for name, kwargs in (("batched", dict(devices=devices)),
                        ("vmap_one_device", dict(devices=devices[:1],
                                                 max_candidates_per_device=len(cands)))):
-    engine.train_candidates(cands, data, **kwargs)  # compile
+    warm = engine.train_candidates(cands, data, **kwargs)  # compiles the group's program
+    compile_s[name] = round(max(r.compile_time_s for r in warm), 3)
     runs[name] = _timed(lambda kwargs=kwargs: engine.train_candidates(cands, data, **kwargs))
-  train_candidate(cands[0].config, data, jax.random.key(0))  # compile
+  compile_s["sequential"] = round(train_candidate(cands[0].config, data, jax.random.key(0)).compile_time_s, 3)
   runs["sequential"] = _timed(lambda: [train_candidate(c.config, data, jax.random.key(c.seed)) for c in cands])
   per_hour = {k: len(cands) / v * 3600 for k, v in runs.items()}
 
@@ -89,6 +93,7 @@ def main(argv=None) -> int:
       "vmap_one_device_candidates_per_hour": round(per_hour["vmap_one_device"], 1),
       "sequential_candidates_per_hour": round(per_hour["sequential"], 1),
       "speedup": round(per_hour["batched"] / per_hour["sequential"], 3),
+      "compile_seconds_per_group": compile_s,  # one group: all candidates share a program
       "vmap_speedup": round(per_hour["vmap_one_device"] / per_hour["sequential"], 3),
       "simulator_trials": args.trials, "simulator_means": args.means,
       "simulator_seconds": round(sim_seconds, 3),  # trials x means x 5 distributions

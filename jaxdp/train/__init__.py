@@ -9,6 +9,9 @@
                one object.
   clipping     per_example_grads, clip_per_example, clipped_grad_sum and the
                optax transform clip_per_example_l2.
+  ghost        ghost clipping: the same clipped sum without per-example
+               gradients of Dense/Conv layers (Task(clipping='ghost')).
+  microbatching  the automatic microbatch size of the per-example path.
   noise        add_gaussian_noise, normalize_by_expected_batch_size (optax).
   sampling     Poisson subsampling with static padded shapes.
   trainer      TrainConfig, train_candidate and the pure inner loop.
@@ -18,12 +21,14 @@ from jaxdp.train import presets
 from jaxdp.train.clipping import (ClipState, clip_factors, clip_per_example, clip_per_example_l2,
                                   clipped_grad_sum, per_example_global_norms, per_example_grads,
                                   weighted_sum)
+from jaxdp.train.ghost import GhostLayer, GhostSplit, ghost_clipped_grad_sum, ghost_layers
+from jaxdp.train.microbatching import auto_microbatch_size, per_example_bytes
 from jaxdp.train.noise import (ExpectedBatchState, GaussianNoiseState, add_gaussian_noise,
                                normalize_by_expected_batch_size)
 from jaxdp.train.plan import ClippedGrad, DpSgdPlan
 from jaxdp.train.sampling import (default_padded_batch_size, poisson_batch_sum, poisson_mask,
                                   sampled_indices)
-from jaxdp.train.task import (DpScore, HParams, Model, NoisyMean, Task, keep_hparams,
+from jaxdp.train.task import (CLIPPING_METHODS, DpScore, HParams, Model, NoisyMean, Task, keep_hparams,
                               scale_learning_rate)
 from jaxdp.train.trainer import (CONFIG_FIELDS, CandidateResult, ExecutionConfig, LoopOutput,
                                  LoopSpec, NotPrivateWarning, TrainConfig, build_evaluate,
@@ -31,7 +36,8 @@ from jaxdp.train.trainer import (CONFIG_FIELDS, CandidateResult, ExecutionConfig
                                  train_candidate)
 
 __all__ = [
-    "CONFIG_FIELDS", "CandidateResult", "ClipState", "ClippedGrad", "DpScore", "DpSgdPlan",
+    "CLIPPING_METHODS", "CONFIG_FIELDS", "GhostLayer", "GhostSplit", "auto_microbatch_size",
+    "ghost_clipped_grad_sum", "ghost_layers", "per_example_bytes", "CandidateResult", "ClipState", "ClippedGrad", "DpScore", "DpSgdPlan",
     "ExecutionConfig", "ExpectedBatchState", "GaussianNoiseState", "HParams", "LoopOutput",
     "LoopSpec", "Model", "NoisyMean", "NotPrivateWarning", "Task", "TrainConfig",
     "add_gaussian_noise", "build_evaluate", "build_train_loop", "check_task", "clip_factors",

@@ -23,6 +23,7 @@ import optax
 
 from jaxdp.accounting import events as acc_events
 from jaxdp.train.clipping import clipped_grad_sum
+from jaxdp.train.ghost import ghost_clipped_grad_sum
 from jaxdp.train.noise import add_gaussian_noise, normalize_by_expected_batch_size
 from jaxdp.train.sampling import poisson_batch_sum
 
@@ -75,12 +76,22 @@ class DpSgdPlan:
     return acc_events.dpsgd_event(self.sampling_prob, float(np.asarray(self.noise_multiplier)),
                                   self.num_steps)
 
-  def clipped_grad(self, loss_fn: Callable[[PyTree, PyTree], jax.Array]) -> ClippedGrad:
-    """Clipped per-example gradient sum of `loss_fn(params, batch) -> (b,)`; sensitivity C."""
+  def clipped_grad(self, loss_fn: Callable[[PyTree, PyTree], jax.Array], *,
+                   method: str = "vmap") -> ClippedGrad:
+    """Clipped per-example gradient sum of `loss_fn(params, batch) -> (b,)`; sensitivity C.
+
+    `method` 'vmap' clips vmap per-example gradients; 'ghost' computes the
+    norms of Dense/Conv layers without materialising their per-example
+    gradients (`jaxdp.train.ghost`). Either way every example's contribution
+    is clipped to norm C.
+    """
     clip = self.l2_clip_norm
+    summed = {"vmap": clipped_grad_sum, "ghost": ghost_clipped_grad_sum}.get(method)
+    if summed is None:
+      raise ValueError(f"method must be 'vmap' or 'ghost', got {method!r}")
 
     def fn(params, batch, mask):
-      return clipped_grad_sum(loss_fn, params, batch, mask, clip)[0]
+      return summed(loss_fn, params, batch, mask, clip)[0]
     return ClippedGrad(fn=fn, sensitivity=clip)
 
   def privatizer(self, clipped: ClippedGrad, key: jax.Array) -> optax.GradientTransformation:

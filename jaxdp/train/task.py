@@ -38,6 +38,9 @@ from jaxdp import _validate
 
 PyTree = Any
 
+#: Values of `Task.clipping` (see `DpSgdPlan.clipped_grad`).
+CLIPPING_METHODS = ("vmap", "ghost")
+
 
 class Model(NamedTuple):
   """A model as two plain functions (what a Flax module's `init`/`apply` are).
@@ -193,6 +196,13 @@ class Task:
       hparams` carrying hyperparameters tuned on m examples to a final run on
       n (None: that search refuses the task until given one; see
       `scale_learning_rate`).
+    clipping: how per-example gradients are clipped; both give the same
+      clipped sum (up to float rounding) and the same privacy. 'vmap'
+      (default): `jax.vmap` per-example gradients of every parameter.
+      'ghost': per-example norms of `flax.linen.Dense`, `flax.linen.Conv`
+      and `jaxdp.models.Conv2D` layers without materialising their
+      per-example gradients (`jaxdp.train.ghost`), vmap for every other
+      parameter; for wide layers it needs a fraction of the memory.
     name: a label for results and pools.
   """
   model: Any
@@ -203,6 +213,7 @@ class Task:
   has_aux: bool = False
   static: tuple = ()
   extrapolate: Optional[Callable[[Mapping[str, Any], int, int], Mapping[str, Any]]] = None
+  clipping: str = "vmap"
   name: str = "task"
 
   def __post_init__(self):
@@ -224,6 +235,8 @@ class Task:
     if isinstance(self.static, str) or not all(isinstance(s, str) for s in self.static):
       raise ValueError(f"static must be a tuple of hyperparameter names, got {self.static!r}")
     object.__setattr__(self, "static", tuple(self.static))
+    if self.clipping not in CLIPPING_METHODS:
+      raise ValueError(f"clipping must be one of {CLIPPING_METHODS}, got {self.clipping!r}")
     if self.extrapolate is not None and not callable(self.extrapolate):
       raise ValueError(f"extrapolate must be None or a callable (hparams, m, n) -> hparams, "
                        f"got {self.extrapolate!r}")

@@ -38,6 +38,7 @@ from dp_accounting import rdp
 from jaxdp import _validate
 from jaxdp.accounting import events as acc_events
 from jaxdp.data import Dataset
+from jaxdp.train import microbatching
 from jaxdp.train.plan import DpSgdPlan
 from jaxdp.train.sampling import default_padded_batch_size, validate_batch_sizes
 from jaxdp.train.task import HParams, Task, check_scalar, real_hparam
@@ -54,7 +55,10 @@ class ExecutionConfig:
       qN + 4 std of Binomial(N, q).  Larger sampled batches are still fully
       processed by extra microbatches.
     microbatch_size: rows per vectorised per-example-gradient call (bounds
-      memory); None means the whole padded batch at once.
+      memory); None chooses it from the model and the device
+      (`jaxdp.train.microbatching`: about `budget_bytes(device)` per
+      microbatch, the padded batch split into the fewest equal parts within
+      it). It changes only the order of a sum, never what is computed.
     eval_batch_size: rows per model call when scoring.
   """
   padded_batch_size: int | None = None
@@ -344,13 +348,22 @@ class LoopSpec:
     ex = config.execution
     micro = ex.microbatch_size
     padded = ex.padded_batch_size
-    if padded is None:
-      padded = default_padded_batch_size(n, q, micro)
-    if micro is None:
-      micro = padded
-    validate_batch_sizes(padded, micro)
     static, traced = config.task.split_hparams(config.hparams)
-    return cls(task=config.task, static_hparams=_hashable_items(config.task, static),
+    static = _hashable_items(config.task, static)
+    if micro is None:
+      fixed = padded is not None
+      padded = padded if fixed else default_padded_batch_size(n, q)
+      per_example = _per_example_bytes(config.task, static, data.train)
+      if per_example is None:  # the task does not fit the data: check_task will say why
+        micro = padded
+      else:
+        micro = microbatching.auto_microbatch_size(padded, per_example, microbatching.budget_bytes(),
+                                                   divide=fixed)
+        padded = micro * math.ceil(padded / micro)
+    elif padded is None:
+      padded = default_padded_batch_size(n, q, micro)
+    validate_batch_sizes(padded, micro)
+    return cls(task=config.task, static_hparams=static,
                traced_names=tuple(sorted(traced)), train_structure=_structure(data.train),
                num_examples=n, sampling_prob=q, num_steps=config.num_steps_for(n),
                padded_batch_size=padded, microbatch_size=micro, eval_batch_size=ex.eval_batch_size)
@@ -362,6 +375,34 @@ class LoopSpec:
   def hparams(self, traced: Mapping[str, Any]) -> HParams:
     """All hyperparameters: the static values and the (traced) arrays."""
     return HParams({**dict(self.static_hparams), **traced})
+
+
+_PER_EXAMPLE_BYTES: dict = {}
+
+
+def _per_example_bytes(task: Task, static_hparams: tuple, train: PyTree) -> Optional[int]:
+  """`microbatching.per_example_bytes` of the task on one training example (cached); None
+  if the task cannot be traced on this data."""
+  memo = (task, static_hparams, _structure(train))
+  if memo not in _PER_EXAMPLE_BYTES:
+    example = _abstract(train, rows=1)
+    try:
+      model = task.model_for(dict(static_hparams))
+      params = jax.eval_shape(model.init, jax.random.key(0), task.model_inputs(example))
+      size = microbatching.per_example_bytes(task.per_example_loss(model), params, example)
+      if task.clipping == "ghost":  # no per-example copy of the (ghost layers') gradients
+        size = max(1, size - sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)))
+    except Exception:  # pylint: disable=broad-except
+      return None
+    if len(_PER_EXAMPLE_BYTES) > 256:
+      _PER_EXAMPLE_BYTES.clear()
+    _PER_EXAMPLE_BYTES[memo] = size
+  return _PER_EXAMPLE_BYTES[memo]
+
+
+def per_example_bytes(spec: LoopSpec, train: PyTree) -> Optional[int]:
+  """Working set of one example's gradient for this spec's task (see `jaxdp.train.microbatching`)."""
+  return _per_example_bytes(spec.task, spec.static_hparams, train)
 
 
 def traced_hparams(spec: LoopSpec, config: TrainConfig) -> dict:
@@ -408,7 +449,7 @@ def build_train_loop(spec: LoopSpec) -> Callable[..., LoopOutput]:
 
   def loop(params, plan: DpSgdPlan, traced: Mapping[str, jax.Array], key, train) -> LoopOutput:
     sample_key, noise_key = jax.random.split(key)
-    clipped = plan.clipped_grad(loss)
+    clipped = plan.clipped_grad(loss, method=task.clipping)
     opt = optax.chain(plan.privatizer(clipped, noise_key), task.optimizer_for(spec.hparams(traced)))
     opt_state = opt.init(params)
 
@@ -510,6 +551,33 @@ def _compiled(spec: LoopSpec):
           jax.jit(functools.partial(run_candidate, spec)))
 
 
+_EXECUTABLES: dict = {}
+
+
+def _signature(args: tuple) -> tuple:
+  leaves, treedef = jax.tree.flatten(args)
+  return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__)),
+                         getattr(x, "sharding", None)) for x in leaves)
+
+
+def compile_cached(jitted, args: tuple):
+  """(`jitted` compiled ahead of time for `args`, seconds spent compiling now).
+
+  Executables are kept per (function, argument shapes, dtypes and
+  shardings); a cached one reports 0.0 seconds.
+  """
+  memo = (jitted, _signature(args))
+  if memo in _EXECUTABLES:
+    return _EXECUTABLES[memo], 0.0
+  start = time.perf_counter()
+  executable = jitted.lower(*args).compile()
+  seconds = time.perf_counter() - start
+  if len(_EXECUTABLES) > 64:
+    _EXECUTABLES.clear()
+  _EXECUTABLES[memo] = executable
+  return executable, seconds
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CandidateResult:
   """Outcome of one candidate run.
@@ -527,6 +595,8 @@ class CandidateResult:
     delta: target delta.
     diverged: True if the parameters became non-finite or the score did.
     wall_time_s: wall-clock seconds for the whole call, compilation included.
+    compile_time_s: seconds of that spent compiling its program (0.0 when
+      it was compiled before; in a batched run, its group's compilation).
     score_source: 'public test split (not accounted)' or 'private validation
       split (DP score, accounted)'.
     params: final parameters (not in repr).
@@ -541,6 +611,7 @@ class CandidateResult:
   diverged: bool
   wall_time_s: float
   score_source: str = ""
+  compile_time_s: float = 0.0
   params: PyTree = dataclasses.field(repr=False, default=None)
 
 
@@ -721,8 +792,10 @@ def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
   if initial_params is not None:
     init_key, _ = jax.random.split(key)
     initial_params = _check_initial_params(initial_params, jax.eval_shape(init_fn, init_key, train))
-  plan = config.plan(data.num_examples)
-  out, score, test_score, test_loss = run_fn(plan, traced_hparams(spec, config), key, train, test,
-                                             validation, initial_params)
-  return result_of(config, data.num_examples, out, score, test_score, test_loss,
-                   time.perf_counter() - start, params=out.params)
+  args = (config.plan(data.num_examples), traced_hparams(spec, config), key, train, test, validation,
+          initial_params)
+  executable, compile_s = compile_cached(run_fn, args)
+  out, score, test_score, test_loss = executable(*args)
+  result = result_of(config, data.num_examples, out, score, test_score, test_loss,
+                     time.perf_counter() - start, params=out.params)
+  return dataclasses.replace(result, compile_time_s=compile_s)

@@ -16,8 +16,8 @@ def _cands(base_config):
   return [Candidate(p, c, s) for (p, c), s in zip(zip(space.points, space.configs), [0, 7, 11, 12])]
 
 
-@pytest.mark.parametrize("per_device,devices", [(None, 1), (2, 2), (3, 2)],
-                         ids=["auto-1dev", "2per-2dev", "3per-2dev-padded"])
+@pytest.mark.parametrize("per_device,devices", [(None, 1), (None, 2), (2, 2), (3, 2)],
+                         ids=["auto-1dev", "auto-2dev", "2per-2dev", "3per-2dev-padded"])
 def test_batched_candidate_equals_lone_run(digits, base_config, two_devices, per_device, devices):
   cands = _cands(base_config)
   batched = engine.train_candidates(cands, digits, max_candidates_per_device=per_device,
@@ -30,6 +30,20 @@ def test_batched_candidate_equals_lone_run(digits, base_config, two_devices, per
     assert res.epsilon == alone.epsilon
     for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(alone.params)):
       np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+def test_reports_each_groups_compile_time_once(digits, base_config, two_devices):
+  # A config no other test uses, so its programs are not compiled yet.
+  fresh = base_config.replace(steps=13)
+  cands = [Candidate({"i": i}, fresh.replace(learning_rate=lr), i) for i, lr in enumerate([0.1, 0.2, 0.3])]
+  first = engine.train_candidates(cands, digits, devices=two_devices)
+  # One group: every candidate reports its compilation, which took time.
+  assert len({r.compile_time_s for r in first}) == 1 and first[0].compile_time_s > 0
+  again = engine.train_candidates(cands, digits, devices=two_devices)
+  assert [r.compile_time_s for r in again] == [0.0] * 3  # cached: nothing compiled
+  assert [r.score for r in again] == [r.score for r in first]
+  alone = [train_candidate(c.config, digits, c.key()) for c in cands]
+  assert alone[0].compile_time_s > 0 and alone[1].compile_time_s == alone[2].compile_time_s == 0.0
 
 
 def test_groups_by_static_shape_and_keeps_order(digits, base_config, two_devices):

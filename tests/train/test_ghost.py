@@ -313,3 +313,43 @@ def test_vmap_over_candidates_jit_and_eager_agree(random_params):
   eager, _ = ghost_clipped_grad_sum(_MLP_LOSS, candidates[1], (x, y), mask, clips[1])
   for e, g in zip(jax.tree.leaves(eager), jax.tree.leaves(got)):
     np.testing.assert_allclose(e, g[1], rtol=RTOL, atol=ATOL)
+
+
+# --- Through the trainer: Task(clipping='ghost') selects this path. ---
+
+def _digits_like(n=90, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, 8, 8, 1)).astype(np.float32)
+  y = (np.arange(n) % 10).astype(np.int32)
+  x[:, 0, 0, 0] += y
+  return DataSplit(x, y)
+
+
+@pytest.mark.parametrize("model", ["logreg", "mlp"])
+def test_ghost_task_trains_like_the_vmap_task(model):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from jaxdp.data import Dataset  # pylint: disable=g-import-not-at-top
+  from jaxdp.train import ExecutionConfig, TrainConfig, train_candidate  # pylint: disable=g-import-not-at-top
+  train = _digits_like()
+  data = Dataset(name="d", train=train, test=train, num_classes=10)
+  vmap_task = presets.classifier(10)
+  ghost_task = dataclasses.replace(vmap_task, clipping="ghost")
+  # Same microbatches for both, so the only difference is how norms and sums are computed.
+  execution = ExecutionConfig(padded_batch_size=60, microbatch_size=20)
+  runs = [train_candidate(TrainConfig(task=task, l2_clip_norm=0.1, noise_multiplier=0.8, sampling_prob=0.3,
+                                      steps=5, hparams=dict(model=model, learning_rate=0.5),
+                                      execution=execution), data, jax.random.key(4))
+          for task in (vmap_task, ghost_task)]
+  assert runs[0].epsilon == runs[1].epsilon  # same privacy: same DpEvent
+  for a, b in zip(jax.tree.leaves(runs[0].params), jax.tree.leaves(runs[1].params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_clipping_method_is_validated():
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from jaxdp.train import DpSgdPlan  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r"clipping must be one of \('vmap', 'ghost'\), got 'fast'"):
+    dataclasses.replace(presets.classifier(10), clipping="fast")
+  plan = DpSgdPlan(l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.1, num_steps=1, num_examples=10)
+  with pytest.raises(ValueError, match="method must be 'vmap' or 'ghost', got 'x'"):
+    plan.clipped_grad(_linear_loss, method="x")
