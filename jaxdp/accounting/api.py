@@ -43,7 +43,9 @@ _OPT_IN_WHY = ("profile-refined is opt-in: its c(eps1) is derived in jaxdp, not 
                "the paper (see jaxdp/accounting/profile_selection.py)")
 
 
-def _orders_for(event, orders):
+def orders_for(event, orders):
+  """The orders `epsilon(event, ..., orders)` uses: integers 2..128 by default
+  when the event tunes on a subset (Koskela-Kulkarni), else `orders` as given."""
   if not isinstance(event, dpa.DpEvent):
     raise ev.UnsupportedBaseError(f"event: a base must be a dp_accounting.DpEvent, got {event!r}")
   if _contains(event, ev.SubsampledTuning):
@@ -144,9 +146,46 @@ class BestAccountant(base.Accountant):
   def get_delta(self, target_epsilon: float) -> float:
     return min(self._results(lambda a: a.get_delta(target_epsilon)).values())
 
+  #: Cheapest first (milliseconds for the RDP and pure-DP methods, up to
+  #: seconds for the profile and PLD ones), for `epsilon_at_most`.
+  _BY_COST = ("liu-talwar", "rdp", "composition", "profile", "profile-refined", "pld")
+
+  def epsilon_at_most(self, target_delta: float, target_epsilon: float) -> tuple[bool, Optional[float]]:
+    """Whether get_epsilon(target_delta) <= target_epsilon, asking the cheapest methods first.
+
+    The minimum over the methods meets the target iff one of them does, so
+    the methods are asked cheapest first and the first one that meets it
+    ends the search. Searches over a parameter (`inverse.calibrate`) need
+    only this answer at most of the points they try.
+
+    Returns:
+      (meets, epsilon): epsilon is get_epsilon(target_delta) exactly when
+      every method was asked (always when it does not meet the target), else
+      None.
+
+    Raises:
+      NotApplicableError: as `get_epsilon`, when no method applies.
+    """
+    names = sorted(self.accountants, key=lambda m: self._BY_COST.index(m) if m in self._BY_COST else -1)
+    out = {}
+    for i, name in enumerate(names):
+      try:
+        out[name] = self.accountants[name].get_epsilon(target_delta)
+      except ev.NotApplicableError as err:  # as in _results
+        self.dropped[name] = str(err)
+        continue
+      if out[name] <= target_epsilon and i + 1 < len(names):
+        return True, None
+    if not out:
+      raise ev.NotApplicableError("no method applies: " + "; ".join(
+          f"{m}: {why}" for m, why in self.dropped.items()))
+    # Every method was asked: the minimum get_epsilon takes (same methods, same order).
+    best = min(out[name] for name in self.accountants if name in out)
+    return best <= target_epsilon, best
+
 
 def _composed(event, method, orders, allow_refined) -> dpa.PrivacyAccountant:
-  orders = _orders_for(event, orders)
+  orders = orders_for(event, orders)
   acct = make_accountant(method, orders=orders, allow_refined=allow_refined)
   err = acct.unsupported(event)
   if err is not None:
@@ -255,7 +294,7 @@ def report(event, delta: float, orders: Optional[Sequence[float]] = None,  # pyl
   only with `allow_refined=True`.
   """
   delta = _validate.probability("delta", delta)
-  orders = _orders_for(event, orders)
+  orders = orders_for(event, orders)
   results = []
   for m in METHODS:
     acct = make_accountant(m, orders=orders)

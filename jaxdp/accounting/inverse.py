@@ -17,6 +17,7 @@ from typing import Callable, Optional, Sequence, Union
 import dp_accounting as dpa
 
 from jaxdp import _validate
+from jaxdp.accounting import _dpa
 from jaxdp.accounting import api
 from jaxdp.accounting import distributions as dist_lib
 from jaxdp.accounting import events as ev
@@ -43,6 +44,81 @@ def _family(family: Family):
                    f"got {family!r}")
 
 
+class _Search:
+  """The epsilons one search needs, each distinct event accounted once.
+
+  Searches ask for the same event more than once: `calibrate_dp_mechanism`
+  re-evaluates the bracket's ends and checks its root, and `plan` asks for
+  the epsilon at the mean it found. Accounting is deterministic (every cache
+  below it returns exactly what it would recompute), so a remembered epsilon
+  is the number a fresh accountant would give. Entries are floats, keyed by
+  (event, delta); one `_Search` lives for one call of `calibrate`, `max_mean`
+  or `plan`, so nothing outlives it.
+  """
+
+  def __init__(self, method: str, orders, allow_refined: bool):
+    self.method, self.orders, self.allow_refined = method, orders, allow_refined
+    self._epsilons: dict = {}
+    self._meets: dict = {}
+
+  def accountant(self) -> dpa.PrivacyAccountant:
+    return api.make_accountant(self.method, orders=self.orders, allow_refined=self.allow_refined)
+
+  def epsilon(self, event, delta: float) -> float:
+    """make_accountant(...).compose(event).get_epsilon(delta), remembered."""
+    key = _dpa.event_key(event)
+    key = None if key is None else (key, delta)
+    if key is not None and key in self._epsilons:
+      return self._epsilons[key]
+    eps = self.accountant().compose(event).get_epsilon(delta)
+    if key is not None:
+      self._epsilons[key] = eps
+    return eps
+
+  def meets(self, event, epsilon: float, delta: float) -> bool:
+    """Whether self.epsilon(event, delta) <= epsilon (for "best", cheapest methods first)."""
+    key = _dpa.event_key(event)
+    key = None if key is None else (key, delta)
+    if key is not None and key in self._epsilons:
+      return self._epsilons[key] <= epsilon
+    if key is not None and (key, epsilon) in self._meets:
+      return self._meets[(key, epsilon)]
+    if self.method != "best":
+      return self.epsilon(event, delta) <= epsilon
+    ok, eps = self.accountant().compose(event).epsilon_at_most(delta, epsilon)
+    if key is not None:
+      if eps is not None:  # every method was asked: eps is get_epsilon's exactly
+        self._epsilons[key] = eps
+      self._meets[(key, epsilon)] = ok
+    return ok
+
+  def fresh_accountant(self) -> "_RememberingAccountant":
+    return _RememberingAccountant(self)
+
+
+class _RememberingAccountant(dpa.PrivacyAccountant):
+  """What `calibrate_dp_mechanism` gets as a fresh accountant: `compose` records
+  the event and `get_epsilon` asks the search, which accounts it with a real
+  accountant (raising what that one raises) unless it already has."""
+
+  def __init__(self, search: _Search):
+    super().__init__(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    self._search = search
+    self._event = None
+
+  def _maybe_compose(self, event, count, do_compose):
+    if do_compose:
+      event = event if count == 1 else dpa.SelfComposedDpEvent(event, count)
+      self._event = event if self._event is None else dpa.ComposedDpEvent([self._event, event])
+    return None
+
+  def get_epsilon(self, target_delta: float) -> float:
+    return self._search.epsilon(self._event, target_delta)
+
+  def get_delta(self, target_epsilon: float) -> float:
+    raise NotImplementedError("only get_epsilon is used by calibrate_dp_mechanism")
+
+
 def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float, target_delta: float, *,
               low: float, high: float, start: float, increasing: bool, method: str = "best",
               orders: Optional[Sequence[float]] = None, allow_refined: bool = False,
@@ -57,35 +133,43 @@ def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
   Returns:
     x (an int if `discrete`), or None if no x in [low, high] meets the target.
   """
-  make_acct = lambda: api.make_accountant(method, orders=orders, allow_refined=allow_refined)
+  return _calibrate(make_event, target_epsilon, target_delta, _Search(method, orders, allow_refined),
+                    low=low, high=high, start=start, increasing=increasing, rtol=rtol, discrete=discrete)
+
+
+def _calibrate(make_event, target_epsilon: float, target_delta: float, search: _Search, *,
+               low: float, high: float, start: float, increasing: bool, rtol: float,
+               discrete: bool) -> Optional[float]:
+  """`calibrate` with the search's accountant and memory."""
   if discrete:
     to_x, from_x, tol = (lambda t: int(round(t))), (lambda x: float(x)), None
   else:
     to_x, from_x, tol = math.exp, math.log, math.log1p(rtol)
   event_at = lambda t: make_event(to_x(t))
-  gap = lambda t: make_acct().compose(event_at(t)).get_epsilon(target_delta) - target_epsilon
+  # The bracketing walk needs only which side of the budget a point is on.
+  feasible = lambda t: search.meets(event_at(t), target_epsilon, target_delta)
   lo_t, hi_t = from_x(low), from_x(high)
   t = min(max(from_x(start), lo_t), hi_t)
-  g = gap(t)
+  ok = feasible(t)
   # Walk away from the feasible side if feasible, towards it otherwise.
   toward_infeasible = 1.0 if increasing else -1.0
-  direction = toward_infeasible if g <= 0 else -toward_infeasible
+  direction = toward_infeasible if ok else -toward_infeasible
   step = math.log(2.0) if not discrete else max(1.0, abs(t))
   for _ in range(200):
     t2 = min(max(t + direction * step, lo_t), hi_t)
     if t2 == t:
       break
-    g2 = gap(t2)
-    if (g2 <= 0) != (g <= 0):
+    ok2 = feasible(t2)
+    if ok2 != ok:
       lo, hi = sorted((t, t2))
       root = dpa.mechanism_calibration.calibrate_dp_mechanism(
-          make_acct, event_at, target_epsilon, target_delta,
+          search.fresh_accountant, event_at, target_epsilon, target_delta,
           dpa.mechanism_calibration.ExplicitBracketInterval(lo, hi), discrete=discrete, tol=tol)
       return to_x(root)
-    t, g = t2, g2
+    t, ok = t2, ok2
     if discrete:
       step *= 2.0
-  return to_x(t) if g <= 0 else None
+  return to_x(t) if ok else None
 
 
 def max_mean(base, family: Family, epsilon: float, delta: float, method: str = "best", *,
@@ -122,16 +206,21 @@ def max_mean(base, family: Family, epsilon: float, delta: float, method: str = "
   epsilon = _validate.real("epsilon", epsilon, low=0.0, low_open=True)
   delta = _validate.probability("delta", delta)
   rtol = _validate.real("rtol", rtol, low=0.0, low_open=True, high=1.0)
+  return _max_mean(base, family, epsilon, delta, _Search(method, orders, allow_refined), rtol)
+
+
+def _max_mean(base, family: Family, epsilon: float, delta: float, search: _Search, rtol: float) -> float:
+  """`max_mean` (arguments validated) with the search's accountant and memory."""
   make, floor = _family(family)
   low = floor * (1.0 + 1e-6) if floor > 0 else 1e-6
-  found = calibrate(lambda m: ev.RepeatAndSelect(base, make(m)), epsilon, delta, low=low,
-                    high=_MAX_MEAN, start=max(2.0, 2.0 * low), increasing=True, method=method, orders=orders,
-                    allow_refined=allow_refined, rtol=rtol)
+  found = _calibrate(lambda m: ev.RepeatAndSelect(base, make(m)), epsilon, delta, search, low=low,
+                     high=_MAX_MEAN, start=max(2.0, 2.0 * low), increasing=True, rtol=rtol, discrete=False)
   if found is None:
-    eps_lo = api.epsilon(ev.RepeatAndSelect(base, make(low)), delta, method, orders,
-                         allow_refined=allow_refined)
+    event = ev.RepeatAndSelect(base, make(low))
+    # As api.epsilon: the arguments were validated, so only the support check differs (it raises).
+    eps_lo = api.epsilon(event, delta, search.method, search.orders, allow_refined=search.allow_refined)
     raise ValueError(f"epsilon={epsilon!r} is too small: even mean={low:.6g} needs "
-                     f"epsilon={eps_lo:.6g} at delta={delta!r} by method {method!r}")
+                     f"epsilon={eps_lo:.6g} at delta={delta!r} by method {search.method!r}")
   return found
 
 
@@ -270,25 +359,31 @@ def plan(base, epsilon: float, delta: float, method: str = "best", *,
   """
   epsilon = _validate.real("epsilon", epsilon, low=0.0, low_open=True)
   delta = _validate.probability("delta", delta)
+  rtol = _validate.real("rtol", rtol, low=0.0, low_open=True, high=1.0)
   single = api.epsilon(base, delta, method, allow_refined=allow_refined)
+  # One search for the whole table: the epsilon at each family's answer is
+  # the one its search already computed.
+  search = _Search(method, None, allow_refined)
   rows = []
   for family in PLAN_FAMILIES:
     if family == "fixed":
-      k = calibrate(lambda k: ev.RepeatAndSelect(base, dist_lib.Fixed(k)), epsilon, delta, low=1,
-                    high=100000, start=2, increasing=True, method=method, allow_refined=allow_refined,
-                    discrete=True)
+      k = _calibrate(lambda k: ev.RepeatAndSelect(base, dist_lib.Fixed(k)), epsilon, delta, search,
+                     low=1, high=100000, start=2, increasing=True, rtol=1e-3, discrete=True)
       dist = None if k is None else dist_lib.Fixed(k)
       mean = k
     else:
       try:
-        mean = max_mean(base, family, epsilon, delta, method, allow_refined=allow_refined, rtol=rtol)
+        mean = _max_mean(base, family, epsilon, delta, search, rtol)
       except ValueError:
         mean = None
       dist = None if mean is None else _FAMILIES[family][0](mean)
     if dist is None:
       rows.append(PlanRow(family, None, None, None, None))
       continue
-    eps = api.epsilon(ev.RepeatAndSelect(base, dist), delta, method, allow_refined=allow_refined)
+    final = ev.RepeatAndSelect(base, dist)
+    # api.epsilon's number; it is the search's own unless api.epsilon picks other orders.
+    eps = (search.epsilon(final, delta) if api.orders_for(final, None) is None
+           else api.epsilon(final, delta, method, allow_refined=allow_refined))
     rows.append(PlanRow(family, float(mean), float(dist.prob_zero),
                         float(dist_lib.expected_quantile(dist)), eps))
   return Plan(api.describe(base), epsilon, delta, method, single, tuple(rows))

@@ -80,6 +80,11 @@ class PrivacyProfile:
   pure_epsilon: Optional[float] = None
   description: str = "privacy profile"
 
+  @property
+  def nbytes(self) -> int:
+    """Bytes of large arrays this profile holds (for caches that bound their memory)."""
+    return 0
+
   def _delta_nonneg(self, eps: np.ndarray) -> np.ndarray:
     raise NotImplementedError
 
@@ -332,6 +337,11 @@ class PldProfile(PrivacyProfile):
                         f"{self.interval:g}; values below {self.floor:g} not trusted"
                         + ("; RDP fallback)" if rdp_fallback is not None else ")"))
 
+  @property
+  def nbytes(self) -> int:
+    tables = sum(a.nbytes for t in (self._tables or ()) for a in t[:3])
+    return _dpa.pld_nbytes(self._pld) + tables
+
   def raw_pld_delta(self, epsilon):
     """The PLD's own hockey-stick value, without the floor: an upper bound only
     at or above `_dpa.PLD_DELTA_FLOOR` (for tests and diagnostics)."""
@@ -356,7 +366,11 @@ class PldProfile(PrivacyProfile):
   def _pld_epsilon(self, delta):
     if self._non_private or delta < self.floor:
       return math.inf
-    guess = _dpa.pld_epsilon(self._pld, max(delta, self.floor))
+    # With suffix tables every evaluation is O(log n), so bisecting from no
+    # guess (~50 evaluations, ~2 ms) beats dp-accounting's inverse, a Python
+    # loop over the atoms (~20-40 ms for DP-SGD). The answer is the same
+    # smallest accepted eps up to EPSILON_RTOL, and accepted either way.
+    guess = None if self._tables is not None else _dpa.pld_epsilon(self._pld, max(delta, self.floor))
     return _smallest_accepted(lambda e: float(self._pld_bound(np.array([e]))[0]) <= delta, guess, None)
 
   def epsilon(self, delta):
@@ -385,9 +399,13 @@ class RdpProfile(PrivacyProfile):
     self.rdp = np.asarray(rdp, dtype=np.float64)
     self.pure_epsilon = pure_epsilon
     self.description = "RDP curve converted to a profile (Canonne-Kamath-Steinke)"
+    self._deltas = None
 
   def _delta_nonneg(self, eps):
-    out = np.array([_dpa.rdp_to_delta(self.orders, self.rdp, float(e)) for e in eps])
+    # One vectorised conversion, bit for bit `rdp_to_delta` at each eps.
+    if self._deltas is None:
+      self._deltas = _dpa.RdpDeltas(self.orders, self.rdp)
+    out = self._deltas(eps)
     if self.pure_epsilon is not None:
       out = np.minimum(out, PureDpProfile(self.pure_epsilon)._delta_nonneg(eps))  # pylint: disable=protected-access
     return out

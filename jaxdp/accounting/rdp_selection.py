@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from jaxdp.accounting import _dpa
 from jaxdp.accounting import distributions as dist_lib
 
 
@@ -123,6 +124,8 @@ def composition(orders: np.ndarray, rdp: np.ndarray, dist: dist_lib.KDistributio
   """
   lam1 = orders - 1.0
   out = np.full_like(orders, np.inf)
+  if callable(getattr(dist, "pgf_or_nan", None)):
+    return monotone(_composition_vectorised(lam1, rdp, dist, out))
   for i, (l1, e) in enumerate(zip(lam1, rdp)):
     if not math.isfinite(e):
       continue
@@ -141,6 +144,33 @@ def composition(orders: np.ndarray, rdp: np.ndarray, dist: dist_lib.KDistributio
     if math.isfinite(val) and val > 0:
       out[i] = math.log(val) / l1
   return monotone(out)
+
+
+def _composition_vectorised(lam1, rdp, dist, out) -> np.ndarray:
+  """`composition`'s loop with the PGF evaluated once on all orders (~150x fewer calls).
+
+  The scalar steps stay scalar (math.exp of the exponent, OverflowError -> no
+  bound; math.log of the value), and `pgf_or_nan` gives each order exactly
+  the value a call on that order alone gives (NaN where that call raises), so
+  every entry equals the loop's.
+  """
+  idx, xs = [], []
+  for i, (l1, e) in enumerate(zip(lam1, rdp)):
+    if not math.isfinite(e):
+      continue
+    try:
+      xs.append(math.exp(l1 * e))
+    except OverflowError:
+      continue
+    idx.append(i)
+  if not idx:
+    return out
+  with np.errstate(over="ignore"):
+    vals = np.asarray(dist.pgf_or_nan(np.asarray(xs, dtype=np.float64)), dtype=np.float64)
+  for i, val in zip(idx, vals.tolist()):
+    if math.isfinite(val) and val > 0:
+      out[i] = math.log(val) / lam1[i]
+  return out
 
 
 # ----------------------------------------------------------------------------
@@ -194,6 +224,29 @@ def _q_max(qp, mus, bounds, pure_eps):
   return hi
 
 
+# ~10 KB an entry (the grid's q_max and its key).
+_q_max_cache = _dpa.LruCache(32)
+
+
+def _cached_q_max(mus: np.ndarray, bounds: np.ndarray, pure_eps: Optional[float]) -> np.ndarray:
+  """`_q_max` on the fixed grid, cached by the constraints' exact bytes.
+
+  It depends on the base's RDP curve (and pure epsilon) only, not on K, and
+  costs ~0.1 s: a search over K (Fixed(k) for k = 2, 4, 8, ...) asks for the
+  same curve's every time. The array is shared: it is made read-only.
+  """
+  mus = np.ascontiguousarray(mus, dtype=np.float64)
+  bounds = np.ascontiguousarray(bounds, dtype=np.float64)
+  pure_eps = None if pure_eps is None else float(pure_eps)
+  key = (mus.tobytes(), bounds.tobytes(), pure_eps)
+  out = _q_max_cache.get(key)
+  if out is None:
+    out = _q_max(_q_grid(), mus, bounds, pure_eps)
+    out.setflags(write=False)
+    _q_max_cache.put(key, out)
+  return out
+
+
 def _q_grid() -> np.ndarray:
   tail = np.logspace(-16, math.log10(0.5), _N_CELLS // 2)
   return np.unique(np.concatenate([[0.0], tail, 1.0 - tail[::-1][1:], [1.0]]))
@@ -231,7 +284,7 @@ def lemma7(orders: np.ndarray, rdp: np.ndarray, dist: dist_lib.KDistribution,
   mus = orders[pick]
   bounds = (mus - 1.0) * rdp[pick]
   grid = _q_grid()
-  qmax = _q_max(grid, mus, bounds, pure_eps) if pick.size else np.ones_like(grid)
+  qmax = _cached_q_max(mus, bounds, pure_eps) if pick.size else np.ones_like(grid)
   a, b_qmax = grid[:-1], qmax[1:]
   log_fa = _safe_log_fprime(dist, a)
   log_fb = _safe_log_fprime(dist, b_qmax)

@@ -368,3 +368,47 @@ def test_dp_accounting_internals_are_read_only_in_the_adapter():
       on_self = isinstance(getattr(node, "value", None), ast.Name) and node.value.id == "self"
       if isinstance(node, ast.Attribute) and not on_self and node.attr in _DPA_INTERNALS:
         raise AssertionError(f"{path.name}:{node.lineno} reads dp-accounting internal {node.attr}")
+
+
+# ----------------------------------------------------------------------------- caches
+# Accounting caches PLDs, RDP curves and profiles by event; a warm cache must
+# give exactly the numbers a cold one gives, and both the numbers of 1bd2e7c
+# (before the speed-ups that added the caches and vectorised the loops).
+
+SMALL_DPSGD = acc.dpsgd_event(0.01, 1.0, 300)
+# acc.epsilon(RepeatAndSelect(base, law), 1e-6, method) at 1bd2e7c.
+EPSILONS_1BD2E7C = [
+    (SMALL_DPSGD, acc.Geometric(mean=10), "rdp", 3.085561628124919),
+    (SMALL_DPSGD, acc.Geometric(mean=10), "composition", 9.895564397320948),
+    (SMALL_DPSGD, acc.Geometric(mean=10), "profile", 2.3297026274958705),
+    (SMALL_DPSGD, acc.Logarithmic(mean=30), "profile", 2.390755881623339),
+    (SMALL_DPSGD, acc.TruncatedNegativeBinomial(-0.5, mean=5), "composition", 43.95163946600657),
+    (SMALL_DPSGD, acc.TruncatedNegativeBinomial(-0.5, mean=5), "profile", 1.8002171589238751),
+    (SMALL_DPSGD, acc.Poisson(mean=3), "profile", 1.6969373991250314),
+    (SMALL_DPSGD, acc.Poisson(mean=3), "pld", 2.6555650513185514),
+    (SMALL_DPSGD, acc.Fixed(3), "rdp", 2.3473294122615482),
+    (SMALL_DPSGD, acc.Fixed(3), "pld", 2.025938540138035),
+    (SMALL_DPSGD, acc.Binomial(6, 0.5), "best", 1.7418146199503413),
+    (dpa.LaplaceDpEvent(2.0), acc.Poisson(mean=0.5), "profile", 0.6105956085572976),
+    (dpa.LaplaceDpEvent(2.0), acc.CappedGeometric(0.2, 12), "pld", 5.957042520971627),
+    (dpa.GaussianDpEvent(3.0), acc.Logarithmic(mean=30), "best", 2.5625220950178935),
+]
+
+
+@pytest.mark.parametrize("base,dist,method,want", EPSILONS_1BD2E7C,
+                         ids=[f"{type(b).__name__}-{d!r}-{m}" for b, d, m, _ in EPSILONS_1BD2E7C])
+def test_cold_and_warm_caches_give_the_numbers_of_1bd2e7c(base, dist, method, want):
+  from jaxdp.accounting import _dpa  # pylint: disable=g-import-not-at-top
+  event = acc.RepeatAndSelect(base, dist)
+  _dpa.clear_caches()
+  cold = acc.epsilon(event, 1e-6, method)
+  warm = acc.epsilon(event, 1e-6, method)
+  assert warm == cold
+  if method in ("rdp", "composition", "pld"):
+    assert cold == want  # PLDs and RDP curves are built bit for bit as before
+  else:
+    # The profile inversion now bisects without dp-accounting's seed: the
+    # smallest feasible epsilon up to its 1e-12 relative width, either way.
+    assert cold == pytest.approx(want, rel=1e-11)
+  # Whichever way it moved, it is on the private side of its own bound.
+  assert acc.delta(event, cold, method) <= 1e-6

@@ -279,3 +279,34 @@ def test_tnb_mean_keeps_working_when_gamma_underflows():
   # and the bisection keeps a rounding margin on the larger-mean side.
   assert d.mean == pytest.approx(5.0, rel=1e-10) and d.mean >= 5.0
   assert acc.TruncatedNegativeBinomial(-0.999, log_gamma=d.log_gamma) == d
+
+
+TNBS = [acc.Geometric(mean=10), acc.Geometric(mean=1e4), acc.Logarithmic(mean=30), acc.Logarithmic(mean=4e7),
+        acc.TruncatedNegativeBinomial(0.5, mean=8), acc.TruncatedNegativeBinomial(0.5, mean=2.4e5),
+        acc.TruncatedNegativeBinomial(-0.5, mean=5), acc.TruncatedNegativeBinomial(2.5, mean=3),
+        acc.TruncatedNegativeBinomial(-0.999, mean=5)]  # gamma underflows: log_gamma carries it
+
+
+@pytest.mark.parametrize("d", TNBS, ids=repr)
+def test_pgf_or_nan_is_pgf_of_each_element_alone(d):
+  # The vectorised PGF the composition bound uses: each element bit for bit
+  # what a scalar call gives, NaN exactly where that call raises (divergence).
+  x = np.concatenate([[0.0, 1e-300, 0.25, 0.5, 0.5000001, 0.999999, 1.0], 1.0 + np.geomspace(1e-16, 1e3, 40)])
+  vals = d.pgf_or_nan(x)
+  for xi, v in zip(x, vals):
+    try:
+      ref = float(d.pgf(float(xi)))
+    except ValueError:
+      assert math.isnan(v), (xi, v)
+      continue
+    assert v == ref or (math.isnan(v) and math.isnan(ref)), (xi, v, ref)
+  assert np.isnan(vals).any() or d.eta > 0 and d.gamma > 0.5  # the grid reaches the divergent side
+
+
+def test_tnb_from_mean_is_the_same_distribution_every_time():
+  # Construction from a mean is memoised (bisection is ~4 ms); the memo must
+  # give back exactly what it computed, for every member and mean.
+  for eta, mean in [(1.0, 10.0), (0.0, 4.5e7), (0.5, 2.4e5), (-0.999, 5.0)]:
+    a, b = acc.TruncatedNegativeBinomial(eta, mean=mean), acc.TruncatedNegativeBinomial(eta, mean=mean)
+    assert a == b and a.log_gamma == b.log_gamma and a.mean >= mean
+    assert acc.tnb_gamma_from_mean(eta, mean) == a.gamma

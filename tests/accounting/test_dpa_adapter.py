@@ -129,3 +129,158 @@ def test_pld_overflow_becomes_not_applicable_and_best_falls_back_to_rdp():
     acc.epsilon(search, 1e-5, method="pld")
   best = acc.epsilon(search, 1e-5, method="best")
   assert best <= acc.epsilon(search, 1e-5, method="rdp") and math.isfinite(best)
+
+
+# ----------------------------------------------------------------------------- speed paths
+# Each faster path below must give dp-accounting's (or the previous code's)
+# numbers exactly: these compare bit for bit, not to a tolerance.
+
+
+def _same_pld(ours, ref) -> bool:
+  """Whether two PLDs are equal bit for bit (dense arrays, sparse dicts, tails, symmetry)."""
+  if ours._symmetric != ref._symmetric:  # pylint: disable=protected-access
+    return False
+  for a, b in zip(_dpa.pld_pmfs(ours), _dpa.pld_pmfs(ref)):
+    if type(a) is not type(b) or a._infinity_mass != b._infinity_mass:  # pylint: disable=protected-access
+      return False
+    if hasattr(b, "_loss_probs"):  # sparse
+      if a._loss_probs != b._loss_probs:  # pylint: disable=protected-access
+        return False
+    elif (a._lower_loss != b._lower_loss  # pylint: disable=protected-access
+          or not np.array_equal(np.asarray(a._probs), np.asarray(b._probs))):  # pylint: disable=protected-access
+      return False
+  return True
+
+
+@pytest.mark.parametrize("sigma,q,interval", [
+    (1.1, 256 / 60000, 1e-4),   # one DP-SGD step on MNIST
+    (1.1, 256 / 60000, 1e-3),
+    (0.3, 0.5, 1e-3),           # large losses
+    (0.7, 0.999, 1e-3),         # next to q = 1 (the asymptote -log(1-q) is far out)
+    (2.0, 1e-5, 1e-4),          # a tiny rate
+    (1.0, 1.0, 1e-4),           # no subsampling: the symmetric PLD
+    (2, 0.5, 1e-4),             # an int sigma
+    (8.0, 0.1, 0.0137),         # a coarse grid: sparse PMFs
+    (50.0, 0.5, 1e-3),
+], ids=lambda v: repr(v))
+def test_gaussian_pld_is_dp_accountings_bit_for_bit(sigma, q, interval):
+  ref = dpa.pld.privacy_loss_distribution.from_gaussian_mechanism(
+      sigma, value_discretization_interval=interval, sampling_prob=q)
+  assert _same_pld(_dpa.gaussian_pld(sigma, interval, q), ref)
+
+
+def test_int_and_float_parameters_give_dp_accounting_the_same_pld():
+  # The step cache keys sigma and q as floats; this is what makes that sound.
+  from_gaussian = dpa.pld.privacy_loss_distribution.from_gaussian_mechanism
+  assert _same_pld(from_gaussian(2, value_discretization_interval=1e-4, sampling_prob=1),
+                   from_gaussian(2.0, value_discretization_interval=1e-4, sampling_prob=1.0))
+
+
+PLD_EVENTS = {
+    "dpsgd": EVENTS["dpsgd"],
+    "gaussian": dpa.GaussianDpEvent(2.0),
+    "gaussian x 9": dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 9),
+    "composed": dpa.ComposedDpEvent([EVENTS["dpsgd"], dpa.LaplaceDpEvent(3.0),
+                                     dpa.SelfComposedDpEvent(EVENTS["dpsgd"], 2)]),
+    "sampled laplace": dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.1, dpa.LaplaceDpEvent(1.0)), 5),
+    "no-op and non-private": dpa.ComposedDpEvent([dpa.NoOpDpEvent(), EVENTS["dpsgd"], dpa.NonPrivateDpEvent()]),
+    "rate 0": dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.0, dpa.GaussianDpEvent(1.0)), 3),
+}
+
+
+@pytest.mark.parametrize("name", list(PLD_EVENTS))
+@pytest.mark.parametrize("interval", [1e-3, 1e-4])
+def test_pld_of_event_is_dp_accountings_pld_accountant_bit_for_bit(name, interval):
+  event = PLD_EVENTS[name]
+  ref = dpa.pld.PLDAccountant(value_discretization_interval=interval)
+  ref.compose(event)
+  _dpa.clear_caches()
+  for _ in range(2):  # built, then from the caches
+    pld, non_private = _dpa.pld_of_event(event, interval)
+    assert _same_pld(pld, ref._pld)  # pylint: disable=protected-access
+    assert non_private == ref._contains_non_dp_event  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("name", ["gaussian", "dpsgd"])
+def test_pld_of_event_overflows_where_dp_accounting_does(name):
+  # A discretisation of 1000 (what a huge composed epsilon makes pld_interval_for
+  # pick) overflows math.expm1 in dp-accounting's connect-the-dots step.
+  from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
+  event = PLD_EVENTS[name]
+  with pytest.raises(OverflowError):
+    dpa.pld.PLDAccountant(value_discretization_interval=1e3).compose(event)
+  with pytest.raises(acc.NotApplicableError, match="PLD overflows"):
+    _dpa.pld_of_event(event, 1e3)
+
+
+def test_cached_plds_are_not_modified_by_what_callers_do_with_them():
+  _dpa.clear_caches()
+  pld, _ = _dpa.pld_of_event(EVENTS["dpsgd"], 1e-4)
+  before = [np.array(p._probs, copy=True) for p in _dpa.pld_pmfs(pld)]  # pylint: disable=protected-access
+  composed = pld.compose(pld).self_compose(3)
+  pld.compute_mixture(composed, 0.3)
+  _dpa.pld_of_event(dpa.SelfComposedDpEvent(EVENTS["dpsgd"], 3), 1e-4)  # the cached step, self-composed
+  for old, p in zip(before, _dpa.pld_pmfs(pld)):
+    assert np.array_equal(old, np.asarray(p._probs))  # pylint: disable=protected-access
+  again, _ = _dpa.pld_of_event(EVENTS["dpsgd"], 1e-4)
+  assert again is pld
+
+
+def test_rdp_deltas_equal_rdp_to_delta_bit_for_bit():
+  rng = np.random.default_rng(0)
+  orders = np.asarray(_dpa.DEFAULT_ORDERS)
+  curves = [_dpa.dp_event_rdp(EVENTS["dpsgd"], orders), rng.uniform(0, 3, orders.size),
+            np.where(orders > 40, np.inf, orders / 50), np.zeros(orders.size), orders * 1e-17,
+            np.sort(rng.exponential(0.1, orders.size))]
+  eps = np.concatenate([[0.0, 1e-300], rng.uniform(0, 10, 40), rng.exponential(1e-3, 10), [50.0, 1e3, np.inf]])
+  for rdp in curves:
+    ours = _dpa.rdp_to_deltas(orders, rdp, eps)
+    with np.errstate(invalid="ignore"):  # dp-accounting's inf - inf at eps = inf
+      ref = np.array([_dpa.rdp_to_delta(orders, rdp, float(e)) for e in eps])
+    assert np.array_equal(ours, ref)
+  with pytest.raises(ValueError, match="epsilons must be >= 0"):
+    _dpa.rdp_to_deltas(orders, curves[0], [-1.0])
+
+
+def test_pld_interval_for_equals_the_rdp_accountants_epsilon():
+  big = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.5, dpa.GaussianDpEvent(0.3)), 1000)
+  for event in (big, EVENTS["dpsgd"], PLD_EVENTS["composed"], dpa.LaplaceDpEvent(0.001)):
+    eps = dpa.rdp.RdpAccountant().compose(event).get_epsilon(1e-10)
+    assert _dpa.pld_interval_for(event) == max(_dpa.PLD_FINEST_INTERVAL, eps / 5e5)
+
+
+def test_dp_event_rdp_cached_equals_fresh():
+  orders = _dpa.DEFAULT_ORDERS
+  for event in (EVENTS["dpsgd"], PLD_EVENTS["composed"]):
+    ref = dpa.rdp.RdpAccountant(list(orders)).compose(event)._rdp  # pylint: disable=protected-access
+    _dpa.clear_caches()
+    first = _dpa.dp_event_rdp(event, orders)
+    first[0] = -1.0  # a copy: callers cannot spoil the cache
+    assert np.array_equal(_dpa.dp_event_rdp(event, orders), ref)
+
+
+def test_event_key_is_equal_exactly_for_equal_events():
+  a = dpa.ComposedDpEvent([EVENTS["dpsgd"], dpa.GaussianDpEvent(1.0)])
+  same = dpa.ComposedDpEvent([EVENTS["dpsgd"], dpa.GaussianDpEvent(1.0)])
+  swapped = dpa.ComposedDpEvent([dpa.GaussianDpEvent(1.0), EVENTS["dpsgd"]])
+  assert _dpa.event_key(a) == _dpa.event_key(same) and hash(_dpa.event_key(a)) == hash(_dpa.event_key(same))
+  assert _dpa.event_key(a) != _dpa.event_key(swapped)
+  assert _dpa.event_key(dpa.SelfComposedDpEvent(a, 2)) != _dpa.event_key(dpa.SelfComposedDpEvent(a, 3))
+  assert _dpa.event_key(EVENTS["dpsgd"]) is EVENTS["dpsgd"]  # hashable events are their own key
+  assert _dpa.event_key(a) != _dpa.event_key(dpa.ComposedDpEvent([a]))  # nesting is kept
+
+
+def test_lru_cache_is_bounded_by_entries_and_bytes():
+  cache = _dpa.LruCache(max_entries=3, max_bytes=100)
+  for i in range(4):
+    cache.put(i, str(i), nbytes=10)
+  assert len(cache) == 3 and cache.get(0) is None  # the oldest went first
+  assert cache.get(1) == "1"  # ... and a read makes an entry the newest
+  cache.put(4, "4", nbytes=85)  # 115 bytes: the least recently used go until <= 100
+  assert cache.get(2) is None and cache.get(3) is None and cache.get(1) == "1" and cache.get(4) == "4"
+  cache.put(5, "too big", nbytes=101)  # larger than the whole budget: never kept
+  assert cache.get(5) is None and cache.get(4) == "4"
+  cache.put(6, None)  # None is "missing": never kept
+  assert len(cache) == 2
+  _dpa.clear_caches()  # reaches every LruCache
+  assert len(cache) == 0

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import dp_accounting as dpa
 import pytest
 
 from jaxdp import accounting as acc
+from jaxdp.accounting import inverse
 
 GAUSS4 = dpa.GaussianDpEvent(4.0)
 
@@ -69,3 +72,107 @@ def test_calibrate_noise_bad_input(kwargs, match):
   args.update(kwargs)
   with pytest.raises(ValueError, match=match):
     acc.calibrate_noise(**args)
+
+
+# ----------------------------------------------------------------------------- speed paths
+# `plan` and `calibrate` remember each event's epsilon within one search and,
+# while bracketing, ask the cheapest methods first; the numbers must be the
+# ones the code gave before those speed-ups (commit 1bd2e7c).
+
+# plan(base, epsilon, 1e-5) at 1bd2e7c: single-run epsilon, then per family
+# (max E[K], epsilon at it).
+PLAN_1BD2E7C = {
+    "gaussian4": (GAUSS4, 2.0, 0.9263415039994822, [
+        (9.387449457400272, 1.9910394486771783), (15.666199631122234, 1.9974383570362013),
+        (129.92039712502938, 1.9987816592776726), (31.11306105986136, 1.9982195229817767),
+        (4.0, 1.993091407915339)]),
+    "dpsgd": (acc.dpsgd_event(0.1, 2.0, 50), 3.0, 1.652502260218792, [
+        (7.626536504527228, 2.999610663622674), (8.35801089686665, 2.9992338080684062),
+        (22.67232630832369, 2.9971197499837263), (11.384086592875144, 2.995910341197983),
+        (3.0, 2.884650124291845)]),
+    "laplace": (dpa.LaplaceDpEvent(2.0), 3.0, 0.499980000299997, [
+        (11.216970929921143, 2.981183403041305), (999999999.9999993, 1.4999877686235956),
+        (999999999.9999993, 1.0), (999999999.9999993, 1.25), (6.0, 2.9993604126740445)]),
+}
+
+
+@pytest.mark.parametrize("case", list(PLAN_1BD2E7C))
+def test_plan_gives_the_table_it_gave_before_the_speed_ups(case):
+  base, eps, single, rows = PLAN_1BD2E7C[case]
+  got = acc.plan(base, eps, 1e-5)
+  # The profile method's inversion now bisects without dp-accounting's seed:
+  # each epsilon is the smallest feasible one up to the bisection's 1e-12
+  # relative width either way (both feasible), and the searches move by as
+  # little. Everything else (PLD, RDP, the bracketing) is unchanged exactly.
+  assert got.single_run_epsilon == pytest.approx(single, rel=1e-9)
+  for row, (mean, row_eps) in zip(got.rows, rows):
+    assert row.max_mean == pytest.approx(mean, rel=1e-9), row
+    assert row.epsilon == pytest.approx(row_eps, rel=1e-9) and row.epsilon <= eps, row
+    if row.family == "fixed":
+      assert row.max_mean == mean  # an integer search: exactly the same k
+
+
+def _calibrate_1bd2e7c(make_event, target_epsilon, target_delta, *, low, high, start, increasing, method,
+                       rtol=1e-3, discrete=False):
+  """`inverse.calibrate` as it was at 1bd2e7c: a fresh accountant for every evaluation."""
+  make_acct = lambda: acc.make_accountant(method)
+  if discrete:
+    to_x, from_x, tol = (lambda t: int(round(t))), (lambda x: float(x)), None
+  else:
+    to_x, from_x, tol = math.exp, math.log, math.log1p(rtol)
+  event_at = lambda t: make_event(to_x(t))
+  gap = lambda t: make_acct().compose(event_at(t)).get_epsilon(target_delta) - target_epsilon
+  lo_t, hi_t = from_x(low), from_x(high)
+  t = min(max(from_x(start), lo_t), hi_t)
+  g = gap(t)
+  toward_infeasible = 1.0 if increasing else -1.0
+  direction = toward_infeasible if g <= 0 else -toward_infeasible
+  step = math.log(2.0) if not discrete else max(1.0, abs(t))
+  for _ in range(200):
+    t2 = min(max(t + direction * step, lo_t), hi_t)
+    if t2 == t:
+      break
+    g2 = gap(t2)
+    if (g2 <= 0) != (g <= 0):
+      lo, hi = sorted((t, t2))
+      root = dpa.mechanism_calibration.calibrate_dp_mechanism(
+          make_acct, event_at, target_epsilon, target_delta,
+          dpa.mechanism_calibration.ExplicitBracketInterval(lo, hi), discrete=discrete, tol=tol)
+      return to_x(root)
+    t, g = t2, g2
+    if discrete:
+      step *= 2.0
+  return to_x(t) if g <= 0 else None
+
+
+SMALL_DPSGD = acc.dpsgd_event(0.1, 2.0, 20)
+
+
+@pytest.mark.parametrize("method", ["best", "rdp", "composition", "pld"])
+@pytest.mark.parametrize("search", ["fixed-k", "poisson-mean", "sigma"])
+def test_calibrate_finds_what_a_fresh_accountant_per_evaluation_finds(method, search):
+  if search == "fixed-k":
+    kw = dict(make_event=lambda k: acc.RepeatAndSelect(SMALL_DPSGD, acc.Fixed(k)), target_epsilon=4.0,
+              low=1, high=1000, start=2, increasing=True, discrete=True)
+  elif search == "poisson-mean":
+    kw = dict(make_event=lambda m: acc.RepeatAndSelect(GAUSS4, acc.Poisson(mean=m)), target_epsilon=2.5,
+              low=1e-6, high=1e9, start=2.0, increasing=True)
+  else:
+    kw = dict(make_event=lambda s: acc.RepeatAndSelect(acc.dpsgd_event(0.1, s, 20), acc.Fixed(2)),
+              target_epsilon=2.0, low=1e-3, high=1e3, start=1.0, increasing=False)
+  assert inverse.calibrate(target_delta=1e-5, method=method, **kw) == \
+      _calibrate_1bd2e7c(target_delta=1e-5, method=method, **kw)
+
+
+@pytest.mark.parametrize("dist", [acc.Poisson(mean=3), acc.Geometric(mean=10), acc.Fixed(3), acc.Binomial(6, 0.5)],
+                         ids=repr)
+def test_best_epsilon_at_most_agrees_with_get_epsilon(dist):
+  event = acc.RepeatAndSelect(SMALL_DPSGD, dist)
+  exact = acc.make_accountant("best").compose(event).get_epsilon(1e-5)
+  per_method = [acc.epsilon(event, 1e-5, m) for m in ("rdp", "composition")]
+  for target in sorted({exact * 0.5, exact, exact * (1 + 1e-12), min(per_method), max(per_method) * 2}):
+    meets, eps = acc.make_accountant("best").compose(event).epsilon_at_most(1e-5, target)
+    assert meets == (exact <= target), target
+    assert eps is None or eps == exact  # when given, it is get_epsilon's number exactly
+    if not meets:
+      assert eps == exact  # every method had to be asked

@@ -40,10 +40,19 @@ def test_accounting_benchmark():
   out = _run("benchmarks.accounting", "--quick")
   assert out["quick"] is True and "T=200" in out["event"]
   _positive_numbers(out, ["profile_epsilon_seconds", "profile_epsilon_warm_seconds", "profile_epsilon",
-                          "rdp_epsilon_seconds", "rdp_epsilon", "max_mean_seconds", "max_mean"])
+                          "rdp_epsilon_seconds", "rdp_epsilon", "max_mean_seconds", "max_mean",
+                          "plan_seconds"])
   # Both are valid bounds on the same event; the profile method is the tighter here.
   assert out["profile_epsilon"] <= out["rdp_epsilon"]
-  assert {"max_mean_query", "python", "machine"} <= set(out)
+  assert {"max_mean_query", "plan_query", "python", "machine"} <= set(out)
+  # The plan table: one row per family of K, in plan's order; each found mean
+  # (here all are found) is within the budget named in plan_query.
+  assert out["plan_query"] == "epsilon=0.5, delta=1e-05, method=best"
+  assert [r["family"] for r in out["plan"]] == ["poisson", "geometric", "logarithmic", "tnb-0.5", "fixed"]
+  for row in out["plan"]:
+    _positive_numbers(row, ["max_mean", "epsilon"])
+    assert row["epsilon"] <= 0.5, row
+  assert out["plan"][-1]["max_mean"] == int(out["plan"][-1]["max_mean"])  # fixed K: an integer k
 
 
 @pytest.mark.slow
