@@ -9,11 +9,16 @@ N on one device, `sequential` calls `train_candidate` N times.
   python -m benchmarks.sweep_throughput [--candidates 8] [--steps 20] [--quick]
 
 `compile_seconds_per_group` is each path's compilation of the group's
-program (`CandidateResult.compile_time_s` of its warm-up run).
+program (`CandidateResult.compile_time_s` of its warm-up run); `cores_busy`
+is each path's process CPU time over its wall time (on a CPU: how many cores
+it kept busy, so `speedup` can be at most about cpu_count / the sequential
+path's value).
 
 `--quick` (2 logistic-regression candidates, 2 steps, 5 simulated trials on
 2 means) only checks that the script still runs; its numbers mean nothing.
 """
+
+from __future__ import annotations
 
 import os
 import sys
@@ -37,10 +42,13 @@ from jaxdp.sweep.simulate import PoolTable
 from jaxdp.train import TrainConfig, presets, train_candidate
 
 
-def _timed(fn):
-  t0 = time.perf_counter()
+def _timed(fn, cores: dict | None = None, name: str = ""):
+  t0, c0 = time.perf_counter(), time.process_time()
   fn()
-  return time.perf_counter() - t0
+  wall = time.perf_counter() - t0
+  if cores is not None:  # CPU seconds per wall second: how many cores the path kept busy
+    cores[name] = round((time.process_time() - c0) / wall, 2)
+  return wall
 
 
 def main(argv=None) -> int:
@@ -64,15 +72,16 @@ def main(argv=None) -> int:
   cands = grid_candidates(SearchSpace(base, {"learning_rate": lrs}), seeds=[0])
   devices = jax.devices()
 
-  runs, compile_s = {}, {}
+  runs, compile_s, cores = {}, {}, {}
   for name, kwargs in (("batched", dict(devices=devices)),
                        ("vmap_one_device", dict(devices=devices[:1],
                                                 max_candidates_per_device=len(cands)))):
     warm = engine.train_candidates(cands, data, **kwargs)  # compiles the group's program
     compile_s[name] = round(max(r.compile_time_s for r in warm), 3)
-    runs[name] = _timed(lambda kwargs=kwargs: engine.train_candidates(cands, data, **kwargs))
+    runs[name] = _timed(lambda kwargs=kwargs: engine.train_candidates(cands, data, **kwargs), cores, name)
   compile_s["sequential"] = round(train_candidate(cands[0].config, data, jax.random.key(0)).compile_time_s, 3)
-  runs["sequential"] = _timed(lambda: [train_candidate(c.config, data, jax.random.key(c.seed)) for c in cands])
+  runs["sequential"] = _timed(lambda: [train_candidate(c.config, data, jax.random.key(c.seed)) for c in cands],
+                              cores, "sequential")
   per_hour = {k: len(cands) / v * 3600 for k, v in runs.items()}
 
   # Trial simulator: `trials` trials x `means` means x 5 distributions on a 20 x 5 pool.
@@ -94,6 +103,7 @@ def main(argv=None) -> int:
       "sequential_candidates_per_hour": round(per_hour["sequential"], 1),
       "speedup": round(per_hour["batched"] / per_hour["sequential"], 3),
       "compile_seconds_per_group": compile_s,  # one group: all candidates share a program
+      "cores_busy": cores,  # CPU time / wall time of each path (on CPU)
       "vmap_speedup": round(per_hour["vmap_one_device"] / per_hour["sequential"], 3),
       "simulator_trials": args.trials, "simulator_means": args.means,
       "simulator_seconds": round(sim_seconds, 3),  # trials x means x 5 distributions

@@ -62,6 +62,10 @@ def test_dpsgd_throughput_benchmark():
   _positive_numbers(out, ["nonprivate_examples_per_s", "dp_examples_per_s", "dp_over_nonprivate_time"])
   assert len(out["variants"]) == 1 and out["variants"][0]["conv_impl"] == "im2col"
   _positive_numbers(out["variants"][0], ["nonprivate_step_s", "dp_step_s", "compile_s"])
+  # The default is the library's automatic microbatch, which divides the batch.
+  assert out["variants"][0]["clipping"] == "vmap" and "automatic" in out["variants"][0]["variant"]
+  assert out["microbatch_size"] == out["variants"][0]["microbatch_size"]
+  assert isinstance(out["microbatch_size"], int) and 8 % out["microbatch_size"] == 0
   assert {"backend", "devices", "cpu_count", "jax_version"} <= set(out)
 
 
@@ -72,6 +76,10 @@ def test_sweep_throughput_benchmark():
   _positive_numbers(out, ["batched_candidates_per_hour", "vmap_one_device_candidates_per_hour",
                           "sequential_candidates_per_hour", "speedup", "vmap_speedup", "simulator_seconds"])
   assert out["simulator_trials"] == 5 and out["simulator_means"] == 2
+  paths = {"batched", "vmap_one_device", "sequential"}
+  assert set(out["compile_seconds_per_group"]) == set(out["cores_busy"]) == paths
+  _positive_numbers(out["compile_seconds_per_group"], paths)  # each path compiled its group once
+  _positive_numbers(out["cores_busy"], paths)
   assert len(out["devices"]) == os.cpu_count()  # the script exposes every core as a device
 
 
