@@ -2,11 +2,13 @@
 
 Model: an MLP 784 -> W -> W -> 10 of `flax.linen.Dense` layers (tanh), W =
 3072 by default (11.9M parameters), softmax cross-entropy.  One DP step is one
-`jax.jit`: the clipped gradient sum (`jaxdp.train.clipped_grad_sum`, which
-materialises b per-example gradients of every parameter, or
-`jaxdp.train.ghost.ghost_clipped_grad_sum`, which for Dense layers needs only
-the activations and output gradients), Gaussian noise of std sigma x C, and
-an SGD update.
+`jax.jit`: the clipped gradient sum, Gaussian noise of std sigma x C, and an
+SGD update.  Paths: `vmap` (`jaxdp.train.clipped_grad_sum` over the whole
+batch, which materialises b per-example gradients of every parameter),
+`vmap_microbatched` (the same in microbatches of the library's automatic
+size, a `lax.scan`, as `train_candidate` runs it by default) and `ghost`
+(`jaxdp.train.ghost.ghost_clipped_grad_sum`, which for Dense layers needs
+only the activations and output gradients).
 
 For each (path, batch) the step is compiled first and its peak memory read
 from XLA (`compiled.memory_analysis()`: temp + argument + output - aliased
@@ -37,7 +39,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PATHS = ("vmap", "ghost")
+# "vmap": one vmap over the whole batch; "vmap_microbatched": the same in
+# microbatches of the library's automatic size (`jaxdp.train.microbatching`),
+# what `train_candidate` runs by default; "ghost": ghost clipping, one call.
+PATHS = ("vmap", "vmap_microbatched", "ghost")
 INPUT_DIM, NUM_CLASSES = 784, 10
 L2_CLIP_NORM, NOISE_MULTIPLIER, LEARNING_RATE = 1.0, 1.0, 0.1
 GIB = 2.0 ** 30
@@ -60,7 +65,7 @@ def _measure(path: str, batch: int, width: int, repeats: int, max_gib: float | N
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
 
-  from jaxdp.train import clipping, ghost  # pylint: disable=g-import-not-at-top
+  from jaxdp.train import clipping, ghost, microbatching  # pylint: disable=g-import-not-at-top
 
   class WideMLP(nn.Module):
     @nn.compact
@@ -75,7 +80,25 @@ def _measure(path: str, batch: int, width: int, repeats: int, max_gib: float | N
     x, y = data
     return optax.softmax_cross_entropy_with_integer_labels(model.apply(params, x), y)
 
-  clipped_sum = clipping.clipped_grad_sum if path == "vmap" else ghost.ghost_clipped_grad_sum
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, INPUT_DIM)))
+  data = (jax.random.normal(jax.random.key(1), (batch, INPUT_DIM)), jnp.arange(batch) % NUM_CLASSES)
+  micro = batch
+  if path == "vmap_microbatched":
+    per_example = microbatching.per_example_bytes(loss_fn, params, jax.tree.map(lambda a: a[:1], data))
+    micro = microbatching.auto_microbatch_size(batch, per_example, microbatching.budget_bytes(),
+                                               divide=True)
+
+  def clipped_sum(loss_fn, params, data, mask, clip):
+    if path == "ghost":
+      return ghost.ghost_clipped_grad_sum(loss_fn, params, data, mask, clip)
+    if micro == batch:
+      return clipping.clipped_grad_sum(loss_fn, params, data, mask, clip)
+    split = lambda a: a.reshape((batch // micro, micro) + a.shape[1:])
+
+    def add(total, part):
+      return jax.tree.map(jnp.add, total, clipping.clipped_grad_sum(loss_fn, params, *part, clip)[0]), None
+    total, _ = jax.lax.scan(add, jax.tree.map(jnp.zeros_like, params), jax.tree.map(split, (data, mask)))
+    return total, jnp.sum(mask.astype(jnp.float32))
 
   def dp_step(params, data, mask, key):
     grad_sum, _ = clipped_sum(loss_fn, params, data, mask, L2_CLIP_NORM)
@@ -87,8 +110,6 @@ def _measure(path: str, batch: int, width: int, repeats: int, max_gib: float | N
     return jax.tree.map(lambda p, g: p - LEARNING_RATE * g / batch, params,
                         jax.tree.unflatten(treedef, noisy))
 
-  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, INPUT_DIM)))
-  data = (jax.random.normal(jax.random.key(1), (batch, INPUT_DIM)), jnp.arange(batch) % NUM_CLASSES)
   mask = jnp.ones((batch,), bool)
   key = jax.random.key(2)
   t0 = time.perf_counter()
@@ -100,7 +121,7 @@ def _measure(path: str, batch: int, width: int, repeats: int, max_gib: float | N
   budget, budget_source = _budget_bytes(max_gib)
   device = jax.devices()[0]
   out = {
-      "path": path, "batch": batch, "compiled_peak_bytes": int(peak),
+      "path": path, "batch": batch, "microbatch_size": micro, "compiled_peak_bytes": int(peak),
       "compiled_peak_gib": peak / GIB, "temp_bytes": int(mem.temp_size_in_bytes),
       "argument_bytes": int(mem.argument_size_in_bytes),
       "output_bytes": int(mem.output_size_in_bytes), "alias_bytes": int(mem.alias_size_in_bytes),
@@ -171,14 +192,17 @@ def main(argv=None) -> int:
   ratios = []
   for batch in batches:
     by_path = {r["path"]: r for r in results if r["batch"] == batch and "error" not in r}
-    if len(by_path) < 2:
+    if "ghost" not in by_path:
       continue
-    vmap, ghost = by_path["vmap"], by_path["ghost"]
-    speed = (ghost["examples_per_s"] / vmap["examples_per_s"]
-             if ghost["examples_per_s"] and vmap["examples_per_s"] else None)
-    ratios.append({"batch": batch,
-                   "memory_ghost_over_vmap": ghost["compiled_peak_bytes"] / vmap["compiled_peak_bytes"],
-                   "speed_ghost_over_vmap": speed})
+    ghost = by_path["ghost"]
+    ratio = {"batch": batch}
+    for name in ("vmap", "vmap_microbatched"):
+      if name in by_path:
+        other = by_path[name]
+        ratio[f"memory_ghost_over_{name}"] = ghost["compiled_peak_bytes"] / other["compiled_peak_bytes"]
+        ratio[f"speed_ghost_over_{name}"] = (ghost["examples_per_s"] / other["examples_per_s"]
+                                            if ghost["examples_per_s"] and other["examples_per_s"] else None)
+    ratios.append(ratio)
   import jax  # pylint: disable=g-import-not-at-top  (only for its version: no backend starts)
   result = {
       "model": f"mlp {INPUT_DIM}-{args.width}-{args.width}-{NUM_CLASSES} (flax Dense, tanh)",

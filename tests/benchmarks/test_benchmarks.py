@@ -87,13 +87,17 @@ def test_dpsgd_memory_benchmark():
   out = _run("benchmarks.dpsgd_memory", "--quick")
   assert out["quick"] is True and out["batches"] == [8]
   assert out["num_params"] == (784 + 1) * 64 + (64 + 1) * 64 + (64 + 1) * 10  # 784-64-64-10 MLP
-  assert [(r["path"], r["batch"]) for r in out["results"]] == [("vmap", 8), ("ghost", 8)]
-  for r in out["results"]:  # the tiny model fits any budget, so both configurations ran
+  assert [(r["path"], r["batch"]) for r in out["results"]] == [
+      ("vmap", 8), ("vmap_microbatched", 8), ("ghost", 8)]
+  for r in out["results"]:  # the tiny model fits any budget, so every configuration ran
     assert r["skipped"] is None
     _positive_numbers(r, ["compiled_peak_bytes", "temp_bytes", "argument_bytes", "output_bytes",
-                          "step_s", "examples_per_s", "compile_s"])
+                          "step_s", "examples_per_s", "compile_s", "microbatch_size"])
+    assert 8 % r["microbatch_size"] == 0
   assert len(out["ratios"]) == 1
-  _positive_numbers(out["ratios"][0], ["memory_ghost_over_vmap", "speed_ghost_over_vmap"])
+  _positive_numbers(out["ratios"][0], ["memory_ghost_over_vmap", "speed_ghost_over_vmap",
+                                       "memory_ghost_over_vmap_microbatched",
+                                       "speed_ghost_over_vmap_microbatched"])
   assert out["ratios"][0]["memory_ghost_over_vmap"] < 1  # compiled sizes, not timings: deterministic
   _positive_numbers(out, ["budget_bytes", "devices"])
   assert {"backend", "device_kind", "cpu_count", "jax_version"} <= set(out)
