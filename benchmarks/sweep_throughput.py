@@ -6,7 +6,8 @@ with the same steps: `batched` is the sweep engine's default (candidates
 sharded over host devices, one per device on CPU), `vmap_one_device` packs all
 N on one device, `sequential` calls `train_candidate` N times.
 
-  python -m benchmarks.sweep_throughput [--candidates 8] [--steps 20] [--quick]
+  python -m benchmarks.sweep_throughput [--candidates 8] [--steps 20] [--model opacus_cnn]
+                                        [--batch 64] [--quick]
 
 `compile_seconds_per_group` is each path's compilation of the group's
 program (`CandidateResult.compile_time_s` of its warm-up run); `cores_busy`
@@ -39,7 +40,7 @@ from jaxdp import accounting as acc
 from jaxdp.data import load_dataset
 from jaxdp.sweep import SearchSpace, engine, grid_candidates, simulate
 from jaxdp.sweep.simulate import PoolTable
-from jaxdp.train import TrainConfig, presets, train_candidate
+from jaxdp.train import LoopSpec, TrainConfig, presets, train_candidate
 
 
 def _timed(fn, cores: dict | None = None, name: str = ""):
@@ -56,6 +57,7 @@ def main(argv=None) -> int:
   parser.add_argument("--candidates", type=int, default=8)
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--model", default="opacus_cnn")
+  parser.add_argument("--batch", type=float, default=64, help="expected batch size q*N")
   parser.add_argument("--trials", type=int, default=500, help="simulated searches per point")
   parser.add_argument("--means", type=int, default=20, help="number of E[K] values simulated")
   parser.add_argument("--quick", action="store_true",
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
 
   data = load_dataset("mnist_offline")
   base = TrainConfig(task=presets.classifier(data.num_classes), l2_clip_norm=1.0, noise_multiplier=1.1,
-                     sampling_prob=64 / data.num_examples, steps=args.steps,
+                     sampling_prob=args.batch / data.num_examples, steps=args.steps,
                      hparams=dict(learning_rate=0.5, model=args.model))
   lrs = list(np.geomspace(0.05, 2.0, args.candidates))
   cands = grid_candidates(SearchSpace(base, {"learning_rate": lrs}), seeds=[0])
@@ -96,9 +98,12 @@ def main(argv=None) -> int:
   sim_seconds = _timed(lambda: [simulate(table, d, args.trials, rng) for d in dists])
 
   print(json.dumps({
-      "candidates": len(cands), "steps": args.steps, "model": args.model,
+      "candidates": len(cands), "steps": args.steps, "model": args.model, "batch": args.batch,
+      "microbatch_size": LoopSpec.from_config(base, data).microbatch_size,
       "devices": [str(d) for d in devices],
       "batched_candidates_per_hour": round(per_hour["batched"], 1),
+      # Expected examples through DP steps per second (scoring time included).
+      "batched_examples_per_s": round(per_hour["batched"] / 3600 * args.steps * args.batch, 1),
       "vmap_one_device_candidates_per_hour": round(per_hour["vmap_one_device"], 1),
       "sequential_candidates_per_hour": round(per_hour["sequential"], 1),
       "speedup": round(per_hour["batched"] / per_hour["sequential"], 3),

@@ -76,6 +76,8 @@ def test_sweep_throughput_benchmark():
   _positive_numbers(out, ["batched_candidates_per_hour", "vmap_one_device_candidates_per_hour",
                           "sequential_candidates_per_hour", "speedup", "vmap_speedup", "simulator_seconds"])
   assert out["simulator_trials"] == 5 and out["simulator_means"] == 2
+  assert out["batch"] == 64 and isinstance(out["microbatch_size"], int) and out["microbatch_size"] >= 1
+  _positive_numbers(out, ["batched_examples_per_s"])
   paths = {"batched", "vmap_one_device", "sequential"}
   assert set(out["compile_seconds_per_group"]) == set(out["cores_busy"]) == paths
   _positive_numbers(out["compile_seconds_per_group"], paths)  # each path compiled its group once
