@@ -22,7 +22,6 @@ many candidates per device as fit a quarter of its memory.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -91,13 +90,12 @@ def _program(spec: tr.LoopSpec, devices: tuple, per_device: int):
   fn = jax.shard_map(fn, mesh=mesh, in_specs=(P("candidates"), P("candidates"), P("candidates"),
                                               P(), P(), P()),
                      out_specs=P("candidates"), check_vma=False)
-  return jax.jit(fn), mesh
+  return jax.jit(fn)
 
 
 def _compiled_batch(spec: tr.LoopSpec, devices: tuple, per_device: int, args: tuple):
   """(executable, seconds spent compiling it now: 0.0 when it was cached)."""
-  fn, _ = _program(spec, devices, per_device)
-  return tr.compile_cached(fn, args)
+  return tr.compile_cached(_program(spec, devices, per_device), args)
 
 
 def _chunk_inputs(candidates, part: list, chunk: int, n: int, spec: tr.LoopSpec, mesh: Mesh):
@@ -182,9 +180,8 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
     for j, i in enumerate(part):
       params = jax.tree.map(lambda leaf, j=j: leaf[j], out.params) if keep_params else None
       one = tr.LoopOutput(params=params, steps=out.steps[j], finite=out.finite[j])
-      results[i] = dataclasses.replace(
-          tr.result_of(candidates[i].config, n, one, score[j], test_score[j], test_loss[j], elapsed,
-                       params=params), compile_time_s=compile_s)
+      results[i] = tr.result_of(candidates[i].config, n, one, score[j], test_score[j], test_loss[j],
+                                elapsed, params=params, compile_time_s=compile_s)
       done.append((candidates[i], results[i]))
     if on_chunk is not None:
       on_chunk(done)

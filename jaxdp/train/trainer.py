@@ -745,7 +745,8 @@ def check_key(key: Any) -> jax.Array:
 
 
 def result_of(config: TrainConfig, num_examples: int, out: LoopOutput, score, test_score, test_loss,
-              wall_time_s: float, params: PyTree = None) -> CandidateResult:
+              wall_time_s: float, params: PyTree = None,
+              compile_time_s: float = 0.0) -> CandidateResult:
   """The `CandidateResult` of one finished run (a diverged run scores NaN)."""
   score, test_score, test_loss = float(score), float(test_score), float(test_loss)
   diverged = not (bool(out.finite) and math.isfinite(score))
@@ -755,7 +756,7 @@ def result_of(config: TrainConfig, num_examples: int, out: LoopOutput, score, te
       score=score, test_score=test_score, test_loss=test_loss, steps=int(out.steps),
       planned_steps=config.num_steps_for(num_examples), epsilon=epsilon(config, num_examples),
       delta=float(config.target_delta), diverged=diverged, wall_time_s=wall_time_s,
-      score_source=score_source(config.task), params=params)
+      score_source=score_source(config.task), compile_time_s=compile_time_s, params=params)
 
 
 def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
@@ -796,6 +797,5 @@ def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
           initial_params)
   executable, compile_s = compile_cached(run_fn, args)
   out, score, test_score, test_loss = executable(*args)
-  result = result_of(config, data.num_examples, out, score, test_score, test_loss,
-                     time.perf_counter() - start, params=out.params)
-  return dataclasses.replace(result, compile_time_s=compile_s)
+  return result_of(config, data.num_examples, out, score, test_score, test_loss,
+                   time.perf_counter() - start, params=out.params, compile_time_s=compile_s)
