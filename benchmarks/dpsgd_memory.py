@@ -84,9 +84,7 @@ def _measure(path: str, batch: int, width: int, repeats: int, max_gib: float | N
   data = (jax.random.normal(jax.random.key(1), (batch, INPUT_DIM)), jnp.arange(batch) % NUM_CLASSES)
   micro = batch
   if path == "vmap_microbatched":
-    per_example = microbatching.per_example_bytes(loss_fn, params, jax.tree.map(lambda a: a[:1], data))
-    micro = microbatching.auto_microbatch_size(batch, per_example, microbatching.budget_bytes(),
-                                               divide=True)
+    micro = microbatching.microbatch_size_for(loss_fn, params, data)
 
   def clipped_sum(loss_fn, params, data, mask, clip):
     if path == "ghost":

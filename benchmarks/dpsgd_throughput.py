@@ -64,9 +64,7 @@ def _steps(conv_impl: str, batch: int, microbatch: int | None, image_size: int, 
   data = DataSplit(x, jnp.arange(batch) % 10)
   params = jax.jit(model.init)(jax.random.key(2), x[:1])
   if microbatch is None:  # what the trainer picks for a padded batch of this size
-    per_example = microbatching.per_example_bytes(loss_fn, params, jax.tree.map(lambda a: a[:1], data))
-    microbatch = microbatching.auto_microbatch_size(batch, per_example, microbatching.budget_bytes(),
-                                                    divide=True)
+    microbatch = microbatching.microbatch_size_for(loss_fn, params, data)
   # q = 1 on N = batch examples: every example is sampled and the privatizer
   # divides the noisy sum by q*N = the batch.
   plan = DpSgdPlan(l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=1.0, num_steps=1,

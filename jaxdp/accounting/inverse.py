@@ -64,10 +64,14 @@ class _Search:
   def accountant(self) -> dpa.PrivacyAccountant:
     return api.make_accountant(self.method, orders=self.orders, allow_refined=self.allow_refined)
 
+  @staticmethod
+  def _key(event, delta: float):
+    key = _dpa.event_key(event)
+    return None if key is None else (key, delta)
+
   def epsilon(self, event, delta: float) -> float:
     """make_accountant(...).compose(event).get_epsilon(delta), remembered."""
-    key = _dpa.event_key(event)
-    key = None if key is None else (key, delta)
+    key = self._key(event, delta)
     if key is not None and key in self._epsilons:
       return self._epsilons[key]
     eps = self.accountant().compose(event).get_epsilon(delta)
@@ -77,8 +81,7 @@ class _Search:
 
   def meets(self, event, epsilon: float, delta: float) -> bool:
     """Whether self.epsilon(event, delta) <= epsilon (for "best", cheapest methods first)."""
-    key = _dpa.event_key(event)
-    key = None if key is None else (key, delta)
+    key = self._key(event, delta)
     if key is not None and key in self._epsilons:
       return self._epsilons[key] <= epsilon
     if key is not None and (key, epsilon) in self._meets:

@@ -107,3 +107,16 @@ def auto_microbatch_size(padded_batch_size: int, bytes_per_example: int, budget:
     return max(d for d in range(1, most + 1) if p % d == 0)
   chunks = math.ceil(p / most)
   return math.ceil(p / chunks)
+
+
+def microbatch_size_for(loss_fn: Callable[[PyTree, PyTree], jax.Array], params: PyTree,
+                        batch: PyTree, device: jax.Device | None = None) -> int:
+  """The automatic microbatch for a fixed batch of b rows: a divisor of b.
+
+  What the trainer picks for `ExecutionConfig(padded_batch_size=b)`, for
+  code that steps a fixed batch itself (the benchmarks).
+  """
+  b = jax.tree.leaves(batch)[0].shape[0]
+  example = jax.tree.map(lambda leaf: leaf[:1], batch)
+  return auto_microbatch_size(b, per_example_bytes(loss_fn, params, example), budget_bytes(device),
+                              divide=True)

@@ -100,3 +100,14 @@ def test_automatic_microbatching_gives_the_same_training_as_one_vmap(monkeypatch
   for a, b in zip(jax.tree.leaves(tiny.params), jax.tree.leaves(whole.params)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   assert tiny.test_score == pytest.approx(whole.test_score, abs=1e-6)
+
+
+def test_microbatch_size_for_a_fixed_batch_divides_it(monkeypatch):
+  task = presets.classifier(3)
+  model = task.model_for(dict(model="mlp", learning_rate=0.1))
+  batch = DataSplit(jnp.zeros((90, 16)), jnp.zeros((90,), jnp.int32))
+  params = jax.eval_shape(model.init, jax.random.key(0), batch.inputs[:1])
+  loss = task.per_example_loss(model)
+  per_example = microbatching.per_example_bytes(loss, params, jax.tree.map(lambda a: a[:1], batch))
+  monkeypatch.setattr(microbatching, "budget_bytes", lambda device=None: 40 * per_example)
+  assert microbatching.microbatch_size_for(loss, params, batch) == 30  # largest divisor of 90 <= 40
