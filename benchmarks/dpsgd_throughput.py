@@ -76,7 +76,7 @@ def _steps(conv_impl: str, batch: int, microbatch: int | None, image_size: int, 
   def dp_step(params, opt_state, batch_, key):
     take = lambda idx: jax.tree.map(lambda a: a[idx], batch_)
     grad_sum, _ = plan.batch_sum(key, lambda idx, valid: clipped(params, take(idx), valid),
-                                 padded_batch_size=batch, microbatch_size=microbatch)
+                                 num_rows=batch, padded_batch_size=batch, microbatch_size=microbatch)
     updates, opt_state = dp.update(grad_sum, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 

@@ -1007,8 +1007,9 @@ NB05 = header("05_tune_your_own_model", "Tune your own model: a private search o
             return {"x": x[idx], "y": y[idx]}
 
 
+        # N is a declared public input (DP-SGD divides by q*N); jaxdp never counts the private rows.
         data = Dataset(train=split(train_idx), private_validation=split(val_idx), test=split(test_idx),
-                       name="breast_cancer")
+                       num_examples=350, name="breast_cancer")
         print(f"private train N = {data.num_examples}, private validation {len(val_idx)}, "
               f"public test {len(test_idx)}; {x.shape[1]} features")
     """),
@@ -1117,9 +1118,11 @@ NB05 = header("05_tune_your_own_model", "Tune your own model: a private search o
         A score can be computed privately on the `private_validation` split instead. jaxdp has two
         kinds, and accounts both:
 
-        * `NoisyMean(fn, low, high, noise_multiplier)`: `fn(outputs, batch)` gives one value per
-          example, clipped to [low, high]; the score is their mean plus Gaussian noise. Its
-          `GaussianDpEvent(noise_multiplier)` is composed into every candidate's event.
+        * `NoisyMean(fn, low, high, noise_multiplier, num_examples=n)`: `fn(outputs, batch)` gives
+          one value per example, clipped to [low, high]; the score is their sum plus Gaussian noise,
+          divided by the declared public validation size n (never by the count of private rows,
+          which would itself leak). Its `GaussianDpEvent(noise_multiplier)` is composed into every
+          candidate's event.
         * `DpScore(fn, event)`: your own randomised score `fn(outputs, batch, key)` and the
           `dp_accounting.DpEvent` you vouch for.
 
@@ -1133,7 +1136,7 @@ NB05 = header("05_tune_your_own_model", "Tune your own model: a private search o
         SCORE_NOISE = 4.0
         private_task = dataclasses.replace(
             task, score=NoisyMean(lambda logit, batch: (logit > 0) == (batch["y"] > 0.5), low=0.0, high=1.0,
-                                  noise_multiplier=SCORE_NOISE))
+                                  noise_multiplier=SCORE_NOISE, num_examples=100))
         private_config = config.replace(task=private_task, noise_multiplier=result.noise_multiplier)
         private_result = random_search(private_config, GRID, data, repetitions=K, delta=DELTA,
                                        key=jax.random.key(0))

@@ -25,6 +25,7 @@ cached and uncached numbers).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import numbers
@@ -56,6 +57,9 @@ class _DroppedOrderFilter(logging.Filter):
 
 
 logging.getLogger("absl").addFilter(_DroppedOrderFilter())
+
+#: Largest x with math.exp(x) finite (~709.78): e^eps of a larger privacy loss overflows.
+MAX_EXP_ARG = math.log(np.finfo(np.float64).max)
 
 #: dp-accounting's default order grid: 1.1..10.9 step 0.1, 11..63, 128..1024.
 DEFAULT_ORDERS: tuple = tuple(float(o) for o in _rdp.DEFAULT_RDP_ORDERS)
@@ -327,18 +331,36 @@ def _gaussian_step_pld(standard_deviation: float, interval: float, sampling_prob
   return found
 
 
+#: Largest Laplace privacy loss 1/b given to dp-accounting's Laplace PLD. From
+#: 1/b ~ 710 on (e^(1/b) overflows) its epsilon is inf at every delta (at 1/b
+#: >= ~720 half of the mass sits at +inf); above this, `_PLDAccountant` uses
+#: the (1/b)-DP randomized-response pair instead: eps(delta) =
+#: 1/b + log(1 - delta (1 + e^(-1/b))) against Laplace's 1/b + 2 log(1 - delta),
+#: about delta looser (1e-5 at delta = 1e-5).
+LAPLACE_MAX_LOSS = 700.0
+
+
 class _PLDAccountant(dpa.pld.PLDAccountant):
   """dp-accounting's PLDAccountant, building Gaussian PLDs through `_gaussian_step_pld`.
 
   Only the add/remove-one relation and nonzero noise and sampling rate take
   the cached path, with exactly dp-accounting's arguments and compositions
   (Gaussian: sigma / sqrt(count), composed once; Poisson-sampled Gaussian: one
-  step, self-composed `count` times); everything else is dp-accounting's own.
+  step, self-composed `count` times); a Laplace event with a privacy loss above
+  `LAPLACE_MAX_LOSS` gets its randomized-response pair; everything else is
+  dp-accounting's own.
   """
 
   def _maybe_compose(self, event, count, do_compose):
     if do_compose and self.neighboring_relation == _ADD_REMOVE:
       interval = self._value_discretization_interval
+      if (isinstance(event, dpa.LaplaceDpEvent) and event.noise_multiplier != 0
+          and 1.0 / event.noise_multiplier > LAPLACE_MAX_LOSS):
+        # dp-accounting's Laplace PLD breaks down here (eps = inf); Laplace
+        # is (1/b)-DP, so the randomized-response pair of 1/b dominates it.
+        step = pld_from_privacy_parameters(1.0 / event.noise_multiplier, 0.0, interval)
+        self._pld = self._pld.compose(step.self_compose(count))
+        return None
       if isinstance(event, dpa.GaussianDpEvent) and event.noise_multiplier != 0:
         step = _gaussian_step_pld(event.noise_multiplier / math.sqrt(count), interval)
         self._pld = self._pld.compose(step)
@@ -370,9 +392,9 @@ def pld_of_event(event: dpa.DpEvent, interval: float):
   shared: callers compose it into new objects and never modify it.
 
   Raises:
-    NotApplicableError: dp-accounting overflowed building the PLD (a
-      component with a huge privacy loss, e.g. a Gaussian with sigma 0.05):
-      `best` then uses the methods that can, and an explicit method says why.
+    NotApplicableError: dp-accounting failed building the PLD (see
+      `building_pld`): `best` then uses the methods that can, and an explicit
+      method says why.
   """
   key = event_key(event)
   key = None if key is None else (key, float(interval))
@@ -380,16 +402,40 @@ def pld_of_event(event: dpa.DpEvent, interval: float):
   if found is not None:
     return found
   accountant = _PLDAccountant(value_discretization_interval=interval)
-  try:
+  with building_pld():
     accountant.compose(event)
-  except OverflowError as err:
-    raise events.NotApplicableError(
-        f"dp-accounting's PLD overflows on this event ({err}); its privacy loss is too large for a "
-        "PLD discretisation. Use method 'rdp' (or 'best', which falls back to it)") from None
   found = (accountant._pld, bool(accountant._contains_non_dp_event))  # pylint: disable=protected-access
   if key is not None:
     _pld_cache.put(key, found, pld_nbytes(found[0]))
   return found
+
+
+@contextlib.contextmanager
+def building_pld():
+  """Any failure of dp-accounting while it builds or composes PLDs, as `NotApplicableError`.
+
+  dp-accounting raises on valid events at the edges of float64: OverflowError
+  for huge privacy losses (a Gaussian with sigma 0.05, a coarse
+  discretisation), ValueError "a must be greater than b" in its
+  connect-the-dots Gaussian for q within ~1e-12 of 1 and sigma <= 0.3 (9 of a
+  360-point single-step sweep of q and sigma). Either says only that the PLD
+  method has no answer for this event, not that the event is invalid: `best`
+  then uses the methods that can, and a method named explicitly raises this
+  error with the original one's type and message.
+  """
+  try:
+    yield
+  except events.NotApplicableError:
+    raise
+  except OverflowError as err:
+    raise events.NotApplicableError(
+        f"dp-accounting's PLD overflows on this event (OverflowError: {err}); its privacy loss is "
+        "too large for a PLD discretisation. Use method 'rdp' (or 'best', which falls back to it)"
+    ) from err
+  except Exception as err:  # pylint: disable=broad-exception-caught
+    raise events.NotApplicableError(
+        f"dp-accounting's PLD construction fails on this event ({type(err).__name__}: {err}). Use "
+        "method 'rdp' (or 'best', which falls back to it)") from err
 
 
 def clear_caches() -> None:
@@ -410,8 +456,30 @@ def pld_from_losses(loss_probs: Mapping[float, float], infinity_mass: float, int
       continue
     idx = int(math.ceil(loss / interval))
     rounded[idx] = rounded.get(idx, 0.0) + float(prob)
-  return _PLD.PrivacyLossDistribution.create_from_rounded_probability(
-      rounded, float(infinity_mass), interval, pessimistic_estimate=True)
+  with building_pld():
+    return _PLD.PrivacyLossDistribution.create_from_rounded_probability(
+        rounded, float(infinity_mass), interval, pessimistic_estimate=True)
+
+
+def pld_from_privacy_parameters(epsilon: float, delta: float, interval: float):
+  """dp-accounting's `from_privacy_parameters`: the PLD of the (eps, delta)-DP dominating pair.
+
+  Mass (1 - delta) / (1 + e^-eps) at loss eps, (1 - delta) / (1 + e^eps) at
+  -eps, delta at +inf, losses rounded up. dp-accounting's own function
+  (used as it is, bit for bit, wherever it works) evaluates e^eps, which
+  overflows for eps > ~709.78; there the same masses come from e^-eps.
+  """
+  if epsilon <= MAX_EXP_ARG:
+    with building_pld():
+      return _PLD.from_privacy_parameters(dpa.pld.common.DifferentialPrivacyParameters(epsilon, delta),
+                                          interval)
+  tiny = math.exp(-epsilon)  # underflows to 0 for eps > ~745: that mass is then below any float
+  rounded = {math.ceil(epsilon / interval): (1 - delta) / (1 + tiny)}
+  if tiny > 0.0:
+    low = math.ceil(-epsilon / interval)
+    rounded[low] = rounded.get(low, 0.0) + (1 - delta) * tiny / (1 + tiny)
+  with building_pld():
+    return _PLD.PrivacyLossDistribution.create_from_rounded_probability(rounded, delta, interval)
 
 
 def pld_identity(interval: float):
@@ -426,13 +494,25 @@ def pld_pmfs(pld) -> list:
 
 
 def pmf_table(pmf):
-  """(losses, U, log W, inf_mass) of a dense PMF: U[i] = sum_{j>=i} p_j,
+  """(losses, U, log W, inf_mass) of a PMF: U[i] = sum_{j>=i} p_j,
   W[i] = sum_{j>=i} p_j e^-L_j (kept as a log: losses reach the thousands,
-  where e^-L underflows and e^eps overflows); None for a sparse PMF."""
-  if not hasattr(pmf, "_probs"):
+  where e^-L underflows and e^eps overflows); None for a PMF of neither
+  dp-accounting kind.
+
+  Sparse PMFs (dp-accounting keeps PMFs of up to 1000 atoms as a dict) get
+  the same table: dp-accounting's own vectorised hockey-stick of a sparse PMF
+  computes U - e^eps W directly, which gives -inf (read as delta 0) once
+  e^eps overflows, e.g. for a pure 720-DP part.
+  """
+  if hasattr(pmf, "_probs"):
+    probs = np.asarray(pmf._probs, dtype=np.float64)  # pylint: disable=protected-access
+    losses = (np.arange(probs.size) + pmf._lower_loss) * pmf._discretization  # pylint: disable=protected-access
+  elif hasattr(pmf, "_loss_probs"):
+    idx = np.array(sorted(pmf._loss_probs), dtype=np.int64)  # pylint: disable=protected-access
+    probs = np.array([pmf._loss_probs[i] for i in idx.tolist()], dtype=np.float64)  # pylint: disable=protected-access
+    losses = idx * pmf._discretization  # pylint: disable=protected-access
+  else:
     return None
-  probs = np.asarray(pmf._probs, dtype=np.float64)  # pylint: disable=protected-access
-  losses = (np.arange(probs.size) + pmf._lower_loss) * pmf._discretization  # pylint: disable=protected-access
   probs = np.maximum(probs, 0.0)  # FFT round-off can leave tiny negative masses
   with np.errstate(divide="ignore"):
     log_w = np.log(probs) - losses

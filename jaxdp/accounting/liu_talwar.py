@@ -44,6 +44,7 @@ from jaxdp.accounting import distributions as dist_lib
 from jaxdp.accounting import events as ev
 from jaxdp.accounting import profiles as prof_lib
 from jaxdp.accounting import rdp_accountant
+from jaxdp.accounting import rdp_selection as rs
 
 _Details = base.CompositionErrorDetails
 
@@ -71,7 +72,7 @@ def pure_selection_epsilon(eps: float, dist: dist_lib.KDistribution) -> float:
     return 0.0
   tail = np.logspace(-14, math.log10(0.5), _N_CELLS // 2)
   qp = np.unique(np.concatenate([[0.0], tail, 1.0 - tail[::-1], np.linspace(0.0, 1.0, 4 * _N_CELLS + 1)]))
-  q_max = np.minimum(1.0, np.minimum(math.exp(eps) * qp, 1.0 - math.exp(-eps) * (1.0 - qp)))
+  q_max = np.minimum(1.0, np.minimum(rs.exp_times(eps, qp), 1.0 - math.exp(-eps) * (1.0 - qp)))
   with np.errstate(divide="ignore"):
     log_num = np.log(np.asarray(dist.pgf_derivative(q_max[1:]), dtype=np.float64))
     log_den = np.log(np.asarray(dist.pgf_derivative(qp[:-1]), dtype=np.float64))

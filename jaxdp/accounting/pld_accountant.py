@@ -51,7 +51,6 @@ from jaxdp.accounting import rdp_accountant
 
 _Details = dpa.PrivacyAccountant.CompositionErrorDetails
 _ADD_REMOVE = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
-_PLD = dpa.pld.privacy_loss_distribution
 
 #: Default bound on the dropped tail P(K > k_max): 1e-3 of the smallest delta a
 #: PLD value is trusted at (`_dpa.PLD_DELTA_FLOOR`), so the truncation costs at
@@ -148,7 +147,9 @@ class _Curve:
     inner = (delta - self.offset) / self.scale
     if inner < 0.0:
       return math.inf
-    eps = float(self.pld.get_epsilon_for_delta(min(inner, 1.0)))
+    # Losses past exp's range overflow dp-accounting's inverse to inf (no claim): not worth a warning.
+    with np.errstate(over="ignore", divide="ignore"):
+      eps = float(self.pld.get_epsilon_for_delta(min(inner, 1.0)))
     if math.isnan(eps):
       return math.inf
     eps = max(0.0, eps)
@@ -239,12 +240,19 @@ class PldAccountant(base.Accountant):
     target_delta = _validate.probability("target_delta", target_delta)
     if target_delta < _dpa.PLD_DELTA_FLOOR:
       return math.inf
-    return self._curve().epsilon(target_delta)
+    eps = self._curve().epsilon(target_delta)
+    pure = self._pure_epsilon()
+    # Rounding losses up to the grid can put a pure part's loss up to one
+    # interval above its epsilon; pure parts compose to a pure guarantee.
+    return eps if pure is None else min(eps, pure)
 
   def get_delta(self, target_epsilon: float) -> float:
     """delta(target_epsilon), never below `_dpa.PLD_DELTA_FLOOR`."""
     target_epsilon = _validate.real("target_epsilon", target_epsilon, low=0.0, allow_inf=True)
-    raw = self._curve().delta(target_epsilon)
+    pure = self._pure_epsilon()
+    # At or beyond a pure epsilon of everything composed the true delta is 0
+    # (reported as the floor below, as get_epsilon's min(eps, pure) needs).
+    raw = 0.0 if pure is not None and target_epsilon >= pure else self._curve().delta(target_epsilon)
     # A computed value below the floor is not trusted, but the floor itself is a
     # valid bound, not an optimistic guess: the computed curve is continuous in
     # eps (each loss L enters as p (1 - e^{eps-L})_+) and tends to 1 as
@@ -255,6 +263,22 @@ class PldAccountant(base.Accountant):
     # Returning `raw` would be the optimistic choice; 1.0 ("no claim") is only
     # needed where the curve is non-private, and `raw` is then already 1.
     return raw if raw >= _dpa.PLD_DELTA_FLOOR else _dpa.PLD_DELTA_FLOOR
+
+  def _pure_epsilon(self) -> Optional[float]:
+    """A pure epsilon of everything composed (the parts' add up), or None if a part has none."""
+    if self._selection is not None:
+      return None
+    total = 0.0
+    for event, count in self._dp_parts:
+      if isinstance(event, ev.ApproxDp) and event.delta > 0.0:
+        return None
+      total += count * event.epsilon
+    for event in self._dpa_parts:
+      pure = rdp_accountant.dp_accounting_pure_epsilon(event)
+      if pure is None:
+        return None
+      total += pure
+    return total
 
   # ------------------------------------------------------------------ composition
 
@@ -349,9 +373,9 @@ class PldAccountant(base.Accountant):
       delta = event.delta if isinstance(event, ev.ApproxDp) else 0.0
       # The exact dominating pair of (eps, delta)-DP (Kairouz et al. 2015;
       # dp-accounting's pessimistic rounding of its two losses).
-      part = _PLD.from_privacy_parameters(
-          dpa.pld.common.DifferentialPrivacyParameters(event.epsilon, delta), self._interval)
-      pld = pld.compose(part if count == 1 else part.self_compose(count))
+      part = _dpa.pld_from_privacy_parameters(event.epsilon, delta, self._interval)
+      with _dpa.building_pld():
+        pld = pld.compose(part if count == 1 else part.self_compose(count))
     return pld, non_private
 
   def _curve(self) -> _Curve:
@@ -368,7 +392,28 @@ class PldAccountant(base.Accountant):
       return
     acct = rdp_accountant.CompositionAccountant()
     eps = acct.compose(self.ledger).get_epsilon(1e-10) if acct.supports(self.ledger) else math.inf
+    if not math.isfinite(eps):
+      # No RDP composition (an (eps, delta)-DP part), or it diverges over all
+      # of K (a pure 1e6-DP base, Poisson K): on the finest grid a loss of 1e6
+      # spans 1e10 atoms (MemoryError). Bound the losses the PLDs hold instead.
+      eps = self._loss_span()
     self._interval = max(_dpa.PLD_FINEST_INTERVAL, eps / 5e5) if math.isfinite(eps) else _dpa.PLD_FINEST_INTERVAL
+
+  def _loss_span(self) -> float:
+    """The largest finite privacy loss the PLDs built here reach, roughly (for
+    `_resolve_interval`): an (eps, delta)-DP part's is eps, a dp-accounting
+    part's its RDP epsilon at 1e-10 (as above), a selection's k_max times its base's."""
+    acct = rdp_accountant.CompositionAccountant()
+    for event in self._dpa_parts:
+      if not acct.supports(event):
+        return math.inf
+      acct.compose(event)
+    span = (acct.get_epsilon(1e-10) if self._dpa_parts else 0.0) + math.fsum(
+        count * event.epsilon for event, count in self._dp_parts)
+    if self._selection is not None:
+      sel, k_max = self._selection
+      span += k_max * self._fresh().compose(sel.base)._loss_span()  # pylint: disable=protected-access
+    return span
 
   def _build_curve(self) -> _Curve:
     self._resolve_interval()
@@ -385,12 +430,14 @@ class PldAccountant(base.Accountant):
     pld_k = pld_e
     for k in range(k_max + 1):
       if k > 0:
-        pld_k = pld_k.compose(base_pld)  # iterative: one FFT per term, no self_compose per k
+        with _dpa.building_pld():
+          pld_k = pld_k.compose(base_pld)  # iterative: one FFT per term, no self_compose per k
       w = float(weights[k])
       if w <= 0.0:
         continue
       # Running normalised mixture sum_{j<=k} P(j) pld_j / sum_{j<=k} P(j), per direction.
-      mix = pld_k if head == 0.0 else mix.compute_mixture(pld_k, head / (head + w))
+      with _dpa.building_pld():
+        mix = pld_k if head == 0.0 else mix.compute_mixture(pld_k, head / (head + w))
       head += w
     head = math.fsum(weights.tolist()) * (1.0 + _WEIGHT_SLACK)
     return _Curve(mix, scale=head, offset=_tail(dist, k_max))

@@ -19,7 +19,11 @@ its profile: a mechanism that is (eps_i, delta_i)-DP for every i is
 dominated by that pair (Dong, Roth & Su 2022, Prop. 2.12 with the (eps, delta)
 tradeoff functions, all symmetric), whose privacy losses are exactly
 +-eps_i; dp-accounting rounds them up (pessimistic). So the composed bound is
-valid however coarse the grid; the grid only decides how tight it is.
+valid however coarse the grid; the grid only decides how tight it is. A
+dp-accounting part with no PLD (only an RDP curve) makes the whole
+composition go by RDP, unless another part has no RDP curve (an
+(eps, delta)-DP guarantee): then it enters like a jaxdp part, through the
+envelope of its profile.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np
 from jaxdp import _validate
 from jaxdp.accounting import _dpa
 from jaxdp.accounting import base
+from jaxdp.accounting import distributions as dist_lib
 from jaxdp.accounting import events as ev
 from jaxdp.accounting import profile_selection as ps
 from jaxdp.accounting import profiles as prof_lib
@@ -111,10 +116,23 @@ class ProfileAccountant(base.Accountant):
                                "(KRW covers truncated negative binomial, Poisson and binomial)")
       return self._why_not(rdp_accountant.as_repeat_and_select(event))
     if isinstance(event, ev.RepeatAndSelect):
-      if not ps.has_theorem(event.distribution):
-        return _Details(event, f"no privacy-profile theorem for K ~ {event.distribution!r} (KRW "
+      dist = event.distribution
+      if not ps.has_theorem(dist):
+        return _Details(event, f"no privacy-profile theorem for K ~ {dist!r} (KRW "
                                "covers truncated negative binomial, Poisson and binomial)")
-      return self._fresh().unsupported(event.base)
+      err = self._fresh().unsupported(event.base)
+      if err is None and isinstance(dist, dist_lib.Binomial) and dist.p == 1.0 and dist.n > 1:
+        # Thm 5.7's condition at p = 1 holds only where the base's profile
+        # reaches 0 (`ps.select`); only building that profile tells, and
+        # K ~ Binomial(n, 1) is rare enough to pay for it here.
+        try:
+          pure = self._fresh().compose(event.base).profile().pure_epsilon
+        except ev.NotApplicableError as why:
+          return _Details(event, str(why))
+        if pure is None:
+          return _Details(event, "KRW Thm 5.7 with p = 1 (K = n always) needs delta(eps1) = 0 for "
+                                 "some eps1, a pure-DP base; this base's profile has none")
+      return err
     if isinstance(event, ev.ThresholdSelect):
       return _Details(event, "KRW bounds cover repeat-and-select, not Liu-Talwar's threshold "
                              "algorithm; see method 'liu-talwar'")
@@ -179,25 +197,45 @@ class ProfileAccountant(base.Accountant):
     # Several parts: compose privacy-loss distributions.
     dpa_parts = [dpa.SelfComposedDpEvent(e, c) for e, c in self._parts if ev.is_dp_accounting_only(e)]
     ours = [(e, c) for e, c in self._parts if not ev.is_dp_accounting_only(e)]
-    if dpa_parts and not all(_dpa.pld_supports(e) for e in dpa_parts):
-      # Only an RDP curve for some dp-accounting part: compose everything by RDP.
-      return _rdp_profile(self._parts, self._orders), "composition by RDP (no PLD for a part)"
+    no_pld = [e for e in dpa_parts if not _dpa.pld_supports(e)]
+    if no_pld:
+      rdp = rdp_accountant.RdpSelectionAccountant(self._orders)
+      if all(rdp.supports(e) for e, _ in self._parts):
+        # Only an RDP curve for some dp-accounting part: compose everything by RDP.
+        return _rdp_profile(self._parts, self._orders), "composition by RDP (no PLD for a part)"
+      # Another part has no RDP curve (an (eps, delta)-DP guarantee), so RDP
+      # cannot compose them all: the parts without a PLD enter through the
+      # envelope of their profile (the RDP conversion), like jaxdp's parts.
+      dpa_parts = [e for e in dpa_parts if _dpa.pld_supports(e)]
+      ours += [(e, 1) for e in no_pld]
+    leaves = [(self._leaf(event), count) for event, count in ours]
+    tops = [_envelope_top(prof) for (prof, _), _ in leaves]
+    if any(prof.delta(top) >= 1.0 for ((prof, _), _), top in zip(leaves, tops)):
+      # A part with no claim at all (delta = 1 everywhere, e.g. a non-private
+      # candidate): nothing to compose (its envelope has no finite atom,
+      # which dp-accounting's PLDs cannot hold), and no claim for the whole.
+      return prof_lib.ApproxDpProfile(0.0, 1.0), "non-private"
     interval = self._interval
     if interval is None:
       interval = (_dpa.pld_interval_for(dpa.ComposedDpEvent(dpa_parts)) if dpa_parts
                   else prof_lib.PLD_DISCRETIZATION)
+      # Envelope losses reach their tops (+-): a pure 1e6-DP part would span
+      # 2e10 atoms at 1e-4. Coarser (still pessimistic) only past a summed
+      # top of 200, keeping the composed PLD below ~4e6 atoms.
+      interval = max(interval, sum(c * t for (_, c), t in zip(leaves, tops)) / 2e6)
     pld = _dpa.pld_identity(interval)
     theorems = []
     if dpa_parts:
       pld_e, non_private = _dpa.pld_of_event(dpa.ComposedDpEvent(dpa_parts), interval)
       if non_private:
         return prof_lib.ApproxDpProfile(0.0, 1.0), "non-private"
-      pld = pld.compose(pld_e)
+      with _dpa.building_pld():
+        pld = pld.compose(pld_e)
       theorems.append("dp-accounting PLD")
-    for event, count in ours:
-      prof, theorem = self._leaf(event)
-      part = envelope_pld(prof, interval)
-      pld = pld.compose(part if count == 1 else part.self_compose(count))
+    for ((prof, theorem), count), top in zip(leaves, tops):
+      part = envelope_pld(prof, interval, top)
+      with _dpa.building_pld():
+        pld = pld.compose(part if count == 1 else part.self_compose(count))
       theorems.append(theorem)
     return (ComposedPldProfile(pld),
             "PLD composition of [" + "; ".join(dict.fromkeys(theorems)) + "]")
@@ -242,7 +280,8 @@ class ComposedPldProfile(prof_lib.PrivacyProfile):
   def _epsilon_guess(self, delta):
     if delta <= _dpa.PLD_DELTA_FLOOR:
       return None
-    return max(0.0, float(self._pld.get_epsilon_for_delta(delta - _dpa.PLD_DELTA_FLOOR)))
+    with np.errstate(over="ignore", divide="ignore"):  # a guess only: inf past exp's range
+      return max(0.0, float(self._pld.get_epsilon_for_delta(delta - _dpa.PLD_DELTA_FLOOR)))
 
   def epsilon(self, delta):
     if delta <= _dpa.PLD_DELTA_FLOOR:
@@ -287,7 +326,10 @@ def _build_dp_event_profile(event, orders, interval) -> prof_lib.PrivacyProfile:
   if mu is not None:
     return prof_lib.GaussianProfile(mu)
   rdp = _dpa.dp_event_rdp(event, orders)
-  rdp_prof = None if rdp is None else prof_lib.RdpProfile(orders, rdp)
+  # A Laplace part's pure epsilon bounds it where its RDP conversion and PLD
+  # (rounded up to the grid) are looser, e.g. any large 1/b.
+  pure = rdp_accountant.dp_accounting_pure_epsilon(event)
+  rdp_prof = None if rdp is None else prof_lib.RdpProfile(orders, rdp, pure)
   if _dpa.pld_supports(event):
     return prof_lib.PldProfile(event, interval, rdp_fallback=rdp_prof)
   return rdp_prof
@@ -300,63 +342,85 @@ def _rdp_profile(parts, orders) -> prof_lib.PrivacyProfile:
   return prof_lib.RdpProfile(acct.orders, acct.rdp, acct.pure_epsilon)
 
 
-def envelope_pld(profile: prof_lib.PrivacyProfile, interval: float):
-  """A pessimistic PLD dominating every mechanism whose symmetric profile is below `profile`.
-
-  On a grid eps_0 = 0 < ... < eps_n the mechanism is (eps_i, delta_i)-DP for
-  every i, so its tradeoff function is at least T = max_i f_{eps_i, delta_i},
-  f_{eps, delta}(a) = max(0, 1 - delta - e^eps a, e^-eps (1 - delta - a)).
-  T is convex and piecewise linear; the pair realising it has one atom per
-  segment of slope -r (Q-mass = segment length, P-mass = r times it, privacy
-  loss log r) and an atom at +inf of mass 1 - T(0) = min_i delta_i. Both
-  neighbouring orders have the same T, so one symmetric PLD serves both.
-  """
+def _envelope_top(profile: prof_lib.PrivacyProfile) -> float:
+  """The largest eps of `envelope_pld`'s grid: where `profile` is ~0 (1e-15), or 60 if it never is."""
   eps_max = profile.epsilon(1e-15)
   if not math.isfinite(eps_max):
     eps_max = max(profile.epsilon(1e-12), 1.0)
   if not math.isfinite(eps_max):
     eps_max = 60.0
+  return eps_max
+
+
+def envelope_pld(profile: prof_lib.PrivacyProfile, interval: float, top: Optional[float] = None):
+  """A pessimistic PLD dominating every mechanism whose symmetric profile is below `profile`.
+
+  On a grid eps_0 = 0 < ... < eps_n the mechanism is (eps_i, delta_i)-DP for
+  every i, so its tradeoff function is at least T = max_i f_{eps_i, delta_i},
+  f_{eps, delta}(a) = max(0, 1 - delta - e^eps a, e^-eps (1 - delta - a)).
+  T is convex, piecewise linear and symmetric (its graph is its own mirror
+  image in the diagonal); the pair realising it has one atom per segment of
+  slope -r (Q-mass = segment length, P-mass = r times it, privacy loss log r)
+  and an atom at +inf of mass 1 - T(0) = min_i delta_i. Right of the fixed
+  point T(a*) = a*, T is the upper envelope of the lines e^-eps_i (u_i - a),
+  u_i = 1 - delta_i; a segment there of length m and slope -e^-L gives an atom
+  at -L of P-mass e^-L m, and its mirror segment (slope -e^L, length e^-L m)
+  one at +L of P-mass m. Only e^-eps enters, so privacy losses beyond exp's
+  range (eps > ~709.78, where e^eps overflows) are handled exactly too. Both
+  neighbouring orders have the same T, so one symmetric PLD serves both.
+
+  `top` is the grid's largest eps, `_envelope_top(profile)` if None.
+  """
+  eps_max = (_envelope_top(profile) if top is None
+             else _validate.real("top", top, low=0.0))
   eps = np.unique(np.concatenate([np.linspace(0.0, eps_max, _ENVELOPE_POINTS // 2),
                                   eps_max * np.geomspace(1e-4, 1.0, _ENVELOPE_POINTS // 2)]))
   delta = np.clip(np.asarray(profile.delta(eps), dtype=np.float64), 0.0, 1.0)
-  # Lines a -> c - s a of the envelope: (intercept c, slope magnitude s).
-  lines = np.concatenate([np.stack([1.0 - delta, np.exp(eps)], axis=1),
-                          np.stack([np.exp(-eps) * (1.0 - delta), np.exp(-eps)], axis=1)])
-  segments = _upper_envelope(lines)
   loss_probs: dict = {}
-  for start, end, slope in segments:
-    if slope <= 0.0 or end <= start:
-      continue
-    loss = math.log(slope)
-    loss_probs[loss] = loss_probs.get(loss, 0.0) + slope * (end - start)
+  for start, end, loss in _right_half(1.0 - delta, eps):
+    length = end - start
+    loss_probs[loss] = loss_probs.get(loss, 0.0) + length
+    loss_probs[-loss] = loss_probs.get(-loss, 0.0) + math.exp(-loss) * length  # loss 0: one key
   return _dpa.pld_from_losses(loss_probs, float(np.min(delta)), interval)
 
 
-def _upper_envelope(lines: np.ndarray) -> list:
-  """Segments (a_start, a_end, s) on [0, 1] of a -> max(0, max_j c_j - s_j a)."""
-  # Steepest first: as a grows the maximising line gets shallower (convexity).
-  order = np.lexsort((-lines[:, 0], -lines[:, 1]))
-  hull: list = []  # (c, s, a_start)
-  for c, s in lines[order]:
-    if hull and s == hull[-1][1]:
-      continue  # same slope, smaller intercept (lexsort): dominated
+def _right_half(u: np.ndarray, eps: np.ndarray) -> list:
+  """Segments (a_start, a_end, eps_i) on [a*, 1] of E(a) = max(0, max_i e^-eps_i (u_i - a)),
+  a* its fixed point E(a*) = a*; e^eps never evaluated."""
+  # Steepest (smallest eps) first: as a grows the maximising line gets
+  # shallower (convexity); for equal eps the larger u dominates.
+  order = np.lexsort((-u, eps))
+  hull: list = []  # (u, eps, a_start)
+  for ui, ei in zip(u[order].tolist(), eps[order].tolist()):
+    if hull and ei == hull[-1][1]:
+      continue
     while hull:
-      c0, s0, a0 = hull[-1]
-      a = (c0 - c) / (s0 - s)  # where the shallower line overtakes the last one
+      u0, e0, a0 = hull[-1]
+      # e^-e0 (u0 - a) = e^-ei (u - a): a = (u0 - r ui) / (1 - r), r = e^(e0 - ei) < 1.
+      r = math.exp(e0 - ei)
+      a = (u0 - r * ui) / -math.expm1(e0 - ei)
       if a <= a0:
         hull.pop()
       else:
-        hull.append((c, s, a))
+        hull.append((ui, ei, a))
         break
     else:
-      hull.append((c, s, 0.0))
+      hull.append((ui, ei, 0.0))
   segments = []
-  for i, (c, s, a0) in enumerate(hull):
+  for i, (ui, ei, a0) in enumerate(hull):
     a1 = hull[i + 1][2] if i + 1 < len(hull) else math.inf
-    zero = c / s  # the line reaches 0 here; the envelope is 0 beyond the last zero
-    a1 = min(a1, zero, 1.0)
+    a1 = min(a1, ui, 1.0)  # the line reaches 0 at u; the envelope is 0 beyond the last zero
     if a1 > a0:
-      segments.append((a0, a1, s))
-    if zero <= a1:
+      segments.append((a0, a1, ui, ei))
+    if ui <= a1:
       break
-  return segments
+  # E(a) - a decreases: a* lies on the first segment whose line is <= a at its end.
+  out: list = []
+  for a0, a1, ui, ei in segments:
+    if not out:
+      tiny = math.exp(-ei)
+      if tiny * (ui - a1) > a1:
+        continue
+      a0 = min(max(a0, ui * tiny / (1.0 + tiny)), a1)  # e^-ei (ui - a) = a
+    out.append((a0, a1, ei))
+  return out

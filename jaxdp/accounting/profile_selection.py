@@ -10,8 +10,10 @@ post-processing g_t = 1[y' < y] + t 1[y' = y], t ~ U[0, 1], and likewise A'
 with the *same* g_t (f is the PGF of K). If f'(q)/f'(q') <= e^c for every pair
 (q, q') = (E_Q g, E_Q' g), then
   [Q(y) f'(q) - e^eps Q'(y) f'(q')]_+ <= f'(q) [Q(y) - e^(eps-c) Q'(y)]_+,
-and f' <= f'(1) = m = E[K], so H_{e^eps}(A || A') <= m delta_Q(eps - c) for
-every real eps (the K = 0 atom is the same on both sides and adds nothing).
+and f' <= f'(1) = m = E[K], so the outputs of runs add at most m delta_Q(eps - c)
+to H_{e^eps}(A || A'), for every real eps. The K = 0 atom has mass P[K=0] on
+both sides: it adds (1 - e^eps) P[K=0] for eps < 0 and nothing for eps >= 0,
+so H_{e^eps}(A || A') <= m delta_Q(eps - c) at every eps >= 0.
 Any (eps1, delta1 = delta_Q(eps1)) gives such a c: post-processing keeps
 q <= e^eps1 q' + delta1 and (1-q') <= e^eps1 (1-q) + delta1. The bound
 separates: eps_A(delta) = eps_Q(delta/m) + min_{eps1 >= 0} c(eps1). The
@@ -102,7 +104,13 @@ def poisson_shift(eps1, delta1, mean: float, refined: bool = False) -> np.ndarra
 def binomial_shift(eps1, delta1, n: int, p: float, refined: bool = False) -> np.ndarray:
   """c(eps1) of KRW Thm 5.7; +inf where its condition fails (unless refined)."""
   eps1, delta1 = np.asarray(eps1, dtype=np.float64), np.asarray(delta1, dtype=np.float64)
-  upper = np.log1p(p * np.expm1(eps1) + p * delta1)
+  with np.errstate(over="ignore"):
+    upper = np.log1p(p * np.expm1(eps1) + p * delta1)
+  # Past exp's range (eps1 of a pure base beyond ~709.78) the same value as
+  # eps1 + log(p + (1 - p + p delta1) e^-eps1).
+  big = np.isinf(upper) & np.isfinite(eps1)
+  if np.any(big):
+    upper = np.where(big, eps1 + np.log(p + (1.0 - p + p * delta1) * np.exp(-eps1)), upper)
   if p == 1.0:
     lower = np.where(delta1 > 0, np.inf, 0.0)
   else:
@@ -246,7 +254,7 @@ def select(base: prof_lib.PrivacyProfile, dist: dist_lib.KDistribution, refined:
     raise NotApplicableError(
         f"no privacy-profile theorem for K ~ {dist!r} (KRW covers truncated negative "
         "binomial, Poisson and binomial)")
-  return prof_lib.ScaledShiftedProfile(base, m, c, theorem), theorem, e1, c
+  return prof_lib.ScaledShiftedProfile(base, m, c, theorem, atom=dist.prob_zero), theorem, e1, c
 
 
 def corollary_6_2(eps1: float, delta1: float, eps_hat: float, dist: dist_lib.TruncatedNegativeBinomial,

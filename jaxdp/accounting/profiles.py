@@ -238,6 +238,18 @@ def _randomized_response(eps0: float, eps):
   return -np.expm1(np.minimum(np.asarray(eps, dtype=np.float64) - eps0, 0.0)) / (1.0 + math.exp(-eps0))
 
 
+def _randomized_response_epsilon(eps0: float, delta: float) -> float:
+  """(e^eps0 - e^eps) / (1 + e^eps0) = delta solved for eps (0 if none), a seed for the search.
+
+  As eps0 + log(1 - delta (1 + e^-eps0)) once e^eps0 overflows (eps0 > ~709.78).
+  """
+  if eps0 <= _dpa.MAX_EXP_ARG:
+    val = math.exp(eps0) - delta * (1.0 + math.exp(eps0))
+    return math.log(val) if val > 0 else 0.0
+  val = 1.0 - delta * (1.0 + math.exp(-eps0))
+  return eps0 + math.log(val) if val > 0 else 0.0
+
+
 class PureDpProfile(PrivacyProfile):
   """Profile of eps0-DP: randomized response, (e^eps0 - e^eps)_+ / (1 + e^eps0)."""
 
@@ -250,9 +262,7 @@ class PureDpProfile(PrivacyProfile):
     return _randomized_response(self.eps0, eps)
 
   def _epsilon_guess(self, delta):
-    # (e^eps0 - e^eps) / (1 + e^eps0) = delta, solved for eps.
-    val = math.exp(self.eps0) - delta * (1.0 + math.exp(self.eps0))
-    return math.log(val) if val > 0 else 0.0
+    return _randomized_response_epsilon(self.eps0, delta)
 
 
 class ApproxDpProfile(PrivacyProfile):
@@ -278,8 +288,7 @@ class ApproxDpProfile(PrivacyProfile):
   def _epsilon_guess(self, delta):
     if delta < self.delta0:
       return None
-    val = math.exp(self.eps0) - (delta - self.delta0) / (1.0 - self.delta0) * (1.0 + math.exp(self.eps0))
-    return math.log(val) if val > 0 else 0.0
+    return _randomized_response_epsilon(self.eps0, (delta - self.delta0) / (1.0 - self.delta0))
 
   def epsilon(self, delta):
     delta = _validate.real("delta", delta, low=0.0)
@@ -420,22 +429,34 @@ class RdpProfile(PrivacyProfile):
 
 
 class ScaledShiftedProfile(PrivacyProfile):
-  """delta(eps) = min(1, scale * inner.delta(eps - shift)): every KRW selection bound.
+  """delta(eps) = min(1, scale * inner.delta(eps - shift) + atom * (1 - e^eps)_+): every KRW selection bound.
 
   `epsilon` searches for the smallest eps >= 0 whose product
   scale * inner.delta(eps - shift) is <= delta, evaluated directly (not
   inner.epsilon(delta / scale) + shift, which rounding of delta / scale can
   push either way); eps - shift may be negative, where inner.delta is defined.
+
+  `atom` is P[K = 0] of a selection: the fixed output released when no run
+  happens has that mass under both neighbours, so it adds
+  (atom - e^eps atom)_+ to the hockey-stick divergence, 0 for eps >= 0 (every
+  reported epsilon) and atom (1 - e^eps) below; the KRW bound covers the
+  other outputs at every real eps (`profile_selection`).
   """
 
-  def __init__(self, inner: PrivacyProfile, scale: float, shift: float, description: str = ""):
+  def __init__(self, inner: PrivacyProfile, scale: float, shift: float, description: str = "",
+               atom: float = 0.0):
     self.inner, self.scale, self.shift = inner, float(scale), float(shift)
+    self.atom = _validate.probability("atom", atom, zero_ok=True, one_ok=True)
     if inner.pure_epsilon is not None:
       self.pure_epsilon = max(0.0, inner.pure_epsilon + self.shift)
     self.description = description or f"{scale:.6g} x ({inner.description}) shifted by {shift:.6g}"
 
   def delta(self, epsilon):
-    out = np.minimum(1.0, self.scale * np.asarray(self.inner.delta(np.asarray(epsilon, dtype=np.float64) - self.shift)))
+    eps = np.asarray(epsilon, dtype=np.float64)
+    out = self.scale * np.asarray(self.inner.delta(eps - self.shift))
+    if self.atom > 0.0:
+      out = out - self.atom * np.expm1(np.minimum(eps, 0.0))
+    out = np.minimum(1.0, out)
     return float(out) if np.ndim(out) == 0 else out
 
   def _delta_nonneg(self, eps):

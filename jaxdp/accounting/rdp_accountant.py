@@ -297,3 +297,17 @@ def _laplace_pure(event) -> Optional[float]:
   if isinstance(event, dpa.LaplaceDpEvent) and event.noise_multiplier > 0:
     return 1.0 / event.noise_multiplier
   return None
+
+
+def dp_accounting_pure_epsilon(event) -> Optional[float]:
+  """Pure epsilon of a dp-accounting event built from Laplace and no-op events
+  by (self-)composition (pure epsilons add), else None."""
+  if isinstance(event, dpa.NoOpDpEvent):
+    return 0.0
+  if isinstance(event, dpa.SelfComposedDpEvent):
+    inner = dp_accounting_pure_epsilon(event.event)
+    return None if inner is None else event.count * inner
+  if isinstance(event, dpa.ComposedDpEvent):
+    parts = [dp_accounting_pure_epsilon(e) for e in event.events]
+    return None if any(p is None for p in parts) else math.fsum(parts)
+  return _laplace_pure(event)

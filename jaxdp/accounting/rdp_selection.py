@@ -206,6 +206,14 @@ def _feasible(q, qp, mus, bounds):
   return np.all(fwd & bwd, axis=1)
 
 
+def exp_times(eps: float, q: np.ndarray) -> np.ndarray:
+  """e^eps q, exactly `math.exp(eps) * q` where e^eps is finite; past exp's
+  range (a pure eps > ~709.78) inf, and 0 where q = 0 (never below e^eps q)."""
+  growth = math.exp(eps) if eps <= _dpa.MAX_EXP_ARG else math.inf
+  with np.errstate(invalid="ignore", over="ignore"):
+    return np.where(q > 0.0, growth * q, 0.0)
+
+
 def _q_max(qp, mus, bounds, pure_eps):
   """Largest q with (q, qp) feasible, rounded up (so the final bound stays valid).
 
@@ -214,7 +222,7 @@ def _q_max(qp, mus, bounds, pure_eps):
   """
   lo, hi = qp.copy(), np.ones_like(qp)
   if pure_eps is not None:  # q <= e^eps qp and 1 - qp <= e^eps (1 - q)
-    cap = np.minimum(1.0, np.minimum(math.exp(pure_eps) * qp, 1.0 - (1.0 - qp) * math.exp(-pure_eps)))
+    cap = np.minimum(1.0, np.minimum(exp_times(pure_eps, qp), 1.0 - (1.0 - qp) * math.exp(-pure_eps)))
     hi = np.maximum(np.minimum(hi, cap * (1 + 1e-12) + 1e-300), lo)
   for _ in range(_N_BISECT):
     mid = 0.5 * (lo + hi)

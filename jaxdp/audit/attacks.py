@@ -102,8 +102,9 @@ def selection_gadget(noise_multiplier: float, *, num_examples: int = 16, arms: i
   with_flags = flags.copy()
   with_flags[-1] = 1.0
   test = {"x": np.zeros((1, 1), np.float32), "canary": np.zeros(1, np.float32)}
-  without = Dataset(train={"x": zeros, "canary": flags}, test=test, name="gadget D")
-  with_ = Dataset(train={"x": zeros, "canary": with_flags}, test=test, name="gadget D'")
+  without = Dataset(train={"x": zeros, "canary": flags}, test=test, num_examples=n, name="gadget D")
+  with_ = Dataset(train={"x": zeros, "canary": with_flags}, test=test, num_examples=n,
+                  name="gadget D'")
   config = TrainConfig(task=_GADGET_TASK, l2_clip_norm=1.0, noise_multiplier=noise_multiplier,
                        sampling_prob=1.0, steps=1, hparams={"learning_rate": float(n), "arm": 0})
   return Attack(name=f"selection gadget (sigma={noise_multiplier:g})", config=config,
@@ -173,8 +174,11 @@ def outlier_lr_tuning(noise_multiplier: float, *, epochs: float = 2.0, sampling_
     return {"x": np.concatenate([x[train], extra_x[None]]), "y": np.append(y[train], extra_y),
             "weight": np.append(np.ones(len(train), np.float32), weight).astype(np.float32)}
   public = {"x": x[test], "y": y[test], "weight": np.ones(len(test), np.float32)}
-  without = Dataset(train=split(np.zeros_like(canary_x), 0.0, 0.0), test=public, name="breast cancer D")
-  with_ = Dataset(train=split(canary_x, canary_y, 1.0), test=public, name="breast cancer D'")
+  n = len(train) + 1  # the declared N of both: the null row in D, the canary in D'
+  without = Dataset(train=split(np.zeros_like(canary_x), 0.0, 0.0), test=public, num_examples=n,
+                    name="breast cancer D")
+  with_ = Dataset(train=split(canary_x, canary_y, 1.0), test=public, num_examples=n,
+                  name="breast cancer D'")
   config = TrainConfig(task=_LOGISTIC_TASK, l2_clip_norm=1.0, noise_multiplier=noise_multiplier,
                        sampling_prob=sampling_prob, epochs=epochs,
                        hparams={"learning_rate": float(learning_rates[0])})

@@ -108,6 +108,13 @@ class Dataset:
     private_validation: private held-out data (or None). Only a DP score
       (`jaxdp.train.NoisyMean`, `jaxdp.train.DpScore`) reads it, and its
       DpEvent is composed into every candidate's.
+    num_examples: N, the *declared, public* size of the training set: DP-SGD
+      divides every noisy gradient sum by q*N and an expected `batch_size` b
+      means q = b/N. It is an input of the mechanism, never read from the
+      private rows: `train` may hold any number of rows (a neighbouring data
+      set holds N +- 1) and the guarantee is for adding or removing one
+      example at this N (README, "Privacy assumptions"). The loaders declare
+      the published size of the split.
     name: a label for messages and results.
     num_classes: for labelled `DataSplit`s, labels are checked to lie in
       [0, num_classes); None skips the check.
@@ -115,10 +122,17 @@ class Dataset:
   train: Any
   test: Any = None
   private_validation: Any = None
+  num_examples: int | None = None
   name: str = "data"
   num_classes: int | None = None
 
   def __post_init__(self):
+    if self.num_examples is None:
+      raise ValueError("num_examples must be given: the public training set size N that DP-SGD "
+                       "divides by (q*N) and from which batch_size derives q = b/N. jaxdp never "
+                       "reads it from the private rows; declare the size you may publish, e.g. "
+                       "Dataset(train=..., num_examples=60000)")
+    object.__setattr__(self, "num_examples", _validate.integer("num_examples", self.num_examples, low=1))
     if self.num_classes is not None:
       _validate.integer("num_classes", self.num_classes, low=2)
     if self.train is None:
@@ -151,8 +165,8 @@ class Dataset:
                        f"range [{y.min()}, {y.max()}]")
 
   @property
-  def num_examples(self) -> int:
-    """N, the number of training examples (treated as public)."""
+  def num_train_rows(self) -> int:
+    """Rows actually in `train`: private, so it sizes arrays and never enters a release."""
     return _split_size("train", self.train)
 
   @property
@@ -287,4 +301,6 @@ def load_dataset(name: str, data_dir: str | None = None, *, text_features: int =
   """
   train = load(name, "train", data_dir, text_features=text_features)
   test = load(name, "test", data_dir, text_features=text_features)
-  return Dataset(name=name, train=train, test=test, num_classes=_NUM_CLASSES[name])
+  # A published benchmark split: its size is public knowledge, so it is declared as N.
+  return Dataset(name=name, train=train, test=test, num_examples=train.labels.shape[0],
+                 num_classes=_NUM_CLASSES[name])

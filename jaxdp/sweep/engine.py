@@ -102,7 +102,7 @@ def _chunk_inputs(candidates, part: list, chunk: int, n: int, spec: tr.LoopSpec,
   """(plans, traced hyperparameters, keys) of one chunk, sharded over the candidate axis."""
   padded = part + [part[-1]] * (chunk - len(part))  # copies fill the last chunk: one compilation
   configs = [candidates[i].config for i in padded]
-  plans = [c.plan(n) for c in configs]
+  plans = [c.plan(n).for_device() for c in configs]
   plan = jax.tree.map(lambda *xs: np.asarray(xs, np.float32), *plans)
   traced = {name: np.asarray([c.hparams[name] for c in configs], np.float32)
             for name in spec.traced_names}

@@ -12,7 +12,27 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+
+
+def round_up_float32(value) -> np.ndarray:
+  """The smallest float32 >= `value` (a concrete number or NumPy array, read as float64).
+
+  Noise scales enter the device as float32; rounding to nearest would put
+  the noise below the accounted sigma in about half the cases. Rounding up
+  errs on the private side, as `jaxdp.train.sampling` does for q.
+  """
+  wide = np.asarray(value, np.float64)
+  narrow = wide.astype(np.float32)
+  return np.where(narrow < wide, np.nextafter(narrow, np.float32(np.inf)), narrow)
+
+
+def _as_float32(value) -> jax.Array:
+  """A noise multiplier on device: concrete numbers rounded up, JAX arrays (traced) as they are."""
+  if isinstance(value, jax.Array):
+    return jnp.asarray(value, jnp.float32)
+  return jnp.asarray(round_up_float32(value))
 
 
 class GaussianNoiseState(NamedTuple):
@@ -52,7 +72,7 @@ def add_gaussian_noise(noise_multiplier: float | jax.Array, l2_clip_norm: float 
   def init_fn(params):
     del params
     return GaussianNoiseState(key=key,
-                              noise_multiplier=jnp.asarray(noise_multiplier, jnp.float32),
+                              noise_multiplier=_as_float32(noise_multiplier),
                               l2_clip_norm=jnp.asarray(l2_clip_norm, jnp.float32))
 
   def update_fn(updates, state, params=None):
@@ -60,7 +80,10 @@ def add_gaussian_noise(noise_multiplier: float | jax.Array, l2_clip_norm: float 
     next_key, step_key = jax.random.split(state.key)
     leaves, treedef = jax.tree.flatten(updates)
     keys = jax.random.split(step_key, len(leaves))
+    # One ulp up (zero stays zero): the float32 product rounded to nearest may
+    # fall below sigma * C, and the noise must never be below what is accounted.
     std = state.noise_multiplier * state.l2_clip_norm
+    std = jnp.where(std > 0, jnp.nextafter(std, jnp.float32(jnp.inf)), std)
     noisy = [g + std * jax.random.normal(k, g.shape, g.dtype) for g, k in zip(leaves, keys)]
     return jax.tree.unflatten(treedef, noisy), state._replace(key=next_key)
 
@@ -77,9 +100,10 @@ def normalize_by_expected_batch_size(expected_batch_size: float | jax.Array
   """Divides by the expected batch size q*N, never by the realised one.
 
   Dividing by the realised Poisson batch size would make the update depend on
-  a data-dependent count that the privacy analysis does not cover. Dividing by
-  q*N instead assumes the dataset size N is public (README, "Privacy
-  assumptions"): N is not hidden by the accounted add/remove-one guarantee.
+  a data-dependent count that the privacy analysis does not cover. q*N is a
+  constant of the mechanism: N is the declared public training set size
+  (`jaxdp.data.Dataset.num_examples`), never the number of rows present
+  (README, "Privacy assumptions").
 
   Args:
     expected_batch_size: q * N > 0.

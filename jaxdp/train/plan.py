@@ -8,7 +8,9 @@ the batch selection uses q, the loop runs T steps, and `dp_event()` is built
 from the same fields, so what is accounted cannot drift from what ran.
 
 C and sigma are pytree leaves (a sweep vmaps them over candidates); q, T and
-N are static.
+N are static. N is the declared, public training set size
+(`jaxdp.data.Dataset.num_examples`): the normaliser q*N is this constant, and
+the rows actually sampled are whatever the data holds.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import optax
 from jaxdp.accounting import events as acc_events
 from jaxdp.train.clipping import clipped_grad_sum
 from jaxdp.train.ghost import ghost_clipped_grad_sum
-from jaxdp.train.noise import add_gaussian_noise, normalize_by_expected_batch_size
+from jaxdp.train.noise import add_gaussian_noise, normalize_by_expected_batch_size, round_up_float32
 from jaxdp.train.sampling import poisson_batch_sum
 
 PyTree = Any
@@ -56,8 +58,9 @@ class DpSgdPlan:
     noise_multiplier: sigma >= 0 (likewise); noise std is sigma * C.
     sampling_prob: q in (0, 1], static.
     num_steps: T, static.
-    num_examples: N, static; treated as public (updates divide by q*N).
-      None only for a plan that is accounted, never run.
+    num_examples: N, static: the declared public training set size (updates
+      divide by q*N whatever the number of rows). None only for a plan that
+      is accounted, never run.
   """
   l2_clip_norm: Any
   noise_multiplier: Any
@@ -70,6 +73,15 @@ class DpSgdPlan:
     if self.num_examples is None:
       raise ValueError("this DpSgdPlan has no num_examples: it can be accounted, not run")
     return self.sampling_prob * self.num_examples
+
+  def for_device(self) -> "DpSgdPlan":
+    """This plan with C and sigma as float32 scalars, sigma rounded *up*.
+
+    What a jitted program receives: a float64 sigma cast to float32 by
+    rounding to nearest would fall below the accounted sigma half the time.
+    """
+    return dataclasses.replace(self, l2_clip_norm=np.float32(self.l2_clip_norm),
+                               noise_multiplier=np.float32(round_up_float32(self.noise_multiplier)))
 
   def dp_event(self) -> dp_accounting.DpEvent:
     """T self-composed Poisson-subsampled Gaussian mechanisms (needs concrete C and sigma)."""
@@ -99,7 +111,14 @@ class DpSgdPlan:
     return optax.chain(add_gaussian_noise(self.noise_multiplier, clipped.sensitivity, key),
                        normalize_by_expected_batch_size(self.expected_batch_size))
 
-  def batch_sum(self, key: jax.Array, fn, *, padded_batch_size: int, microbatch_size: int):
-    """Sums `fn(indices, valid)` over one Poisson sample at rate q (see `poisson_batch_sum`)."""
-    return poisson_batch_sum(key, fn, num_examples=self.num_examples, sampling_prob=self.sampling_prob,
+  def batch_sum(self, key: jax.Array, fn, *, num_rows: int, padded_batch_size: int,
+                microbatch_size: int):
+    """Sums `fn(indices, valid)` over one Poisson sample at rate q of `num_rows` rows.
+
+    `num_rows` is the number of rows the training data actually holds (a
+    static shape); each is sampled independently with probability q (see
+    `poisson_batch_sum`). It never enters the normaliser, which is q*N with
+    the declared N.
+    """
+    return poisson_batch_sum(key, fn, num_examples=num_rows, sampling_prob=self.sampling_prob,
                              padded_batch_size=padded_batch_size, microbatch_size=microbatch_size)

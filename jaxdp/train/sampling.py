@@ -64,6 +64,10 @@ def _array_threshold_mask(bits: jax.Array, sampling_prob) -> jax.Array:
   # q_low < 1, so q_low * 2**32 < 2**32 is an exact power-of-two scaling and its
   # floor fits uint32.  NaN and q <= 0 compare False: nobody is sampled.
   threshold = jnp.where(q_low > 0, jnp.floor(q_low * float(_TWO_32)), 0).astype(jnp.uint32)
+  if q.dtype != jnp.float64:
+    # A narrower q of 1 may be a q < 1 rounded up (float32 from 1 - 3e-8,
+    # bfloat16 from 0.9993): it samples at the next value below 1, not everyone.
+    return bits < threshold
   return jnp.where(q >= 1, True, bits < threshold)
 
 
@@ -93,8 +97,10 @@ def poisson_mask(key: jax.Array, num_examples: int, sampling_prob) -> jax.Array:
     array q realises floor(q' * 2**32) / 2**32 with q' the next value below q
     in q's dtype, because the float64 q that was accounted may have been
     rounded up when it was cast; the shortfall is at most one ulp of q plus
-    2**-32.  q = 1 includes everyone, q = 0 nobody, on both paths; an array
-    q that is NaN or negative samples nobody.
+    2**-32.  q = 1 includes everyone as a Python number or a float64 array;
+    a narrower array q of 1 (which may be a smaller q rounded up) realises the
+    next value of its dtype below 1.  q = 0 samples nobody on both paths, and
+    so does an array q that is NaN or negative.
   """
   bits = jax.random.bits(key, (num_examples,), jnp.uint32)
   # Python numbers and NumPy float64 (a subclass of float) carry the accounted

@@ -35,6 +35,7 @@ import numpy as np
 import optax
 
 from jaxdp import _validate
+from jaxdp.train.noise import round_up_float32
 
 PyTree = Any
 
@@ -87,22 +88,33 @@ class HParams(Mapping):
 class NoisyMean:
   """DP score: the Gaussian-noised mean of a bounded per-example value on private data.
 
-  Each example's value is clipped to [low, high], so adding or removing one
-  validation example moves the centred sum by at most (high - low) / 2; the
-  noise std is `noise_multiplier * (high - low) / 2` and the score is the
-  noisy sum divided by the (public) validation size. Its DpEvent is
-  `GaussianDpEvent(noise_multiplier)`, composed into every candidate's event.
+  Each example's value is clipped to [low, high] and centred at
+  mid = (low + high) / 2, so adding or removing one validation example moves
+  the centred sum by at most half = (high - low) / 2. The released score is
+
+    (sum_i (v_i - mid) + N(0, (noise_multiplier * half)^2)) / num_examples + mid
+
+  with `num_examples` the *declared, public* validation size: the divisor is
+  this constant, whatever the number of rows, because dividing by the actual
+  count would move the score's mean by about twice the accounted amount when
+  one example is added. Its DpEvent is `GaussianDpEvent(noise_multiplier)`
+  (add or remove one validation example), composed into every candidate's
+  event.
 
   Attributes:
     fn: (outputs, batch) -> per-example values, shape (n,) (e.g. 1.0 for a
       correct prediction, or minus the loss).
     low, high: bounds with low < high (accuracy: 0 and 1).
     noise_multiplier: sigma > 0.
+    num_examples: the public validation size n >= 1 (keyword-only): the
+      normaliser of the noisy sum (e.g. the size of a validation split you may
+      publish).
   """
   fn: Callable[[Any, PyTree], jax.Array]
   low: float
   high: float
   noise_multiplier: float
+  num_examples: Optional[int] = dataclasses.field(default=None, kw_only=True)
 
   def __post_init__(self):
     if not callable(self.fn):
@@ -113,16 +125,28 @@ class NoisyMean:
     if not self.low < self.high:
       raise ValueError(f"NoisyMean needs low < high, got low={self.low!r}, high={self.high!r}")
     _validate.real("noise_multiplier", self.noise_multiplier, low=0.0, low_open=True)
+    if self.num_examples is None:
+      raise ValueError("NoisyMean needs num_examples, the public validation size that divides the "
+                       "noisy sum (never read from the private rows), e.g. NoisyMean(fn, 0, 1, 2.0, "
+                       "num_examples=1000)")
+    object.__setattr__(self, "num_examples", _validate.integer("num_examples", self.num_examples, low=1))
 
   @property
   def event(self) -> dp_accounting.DpEvent:
     return dp_accounting.GaussianDpEvent(float(self.noise_multiplier))
 
   def __call__(self, outputs, batch, key) -> jax.Array:
-    values = jnp.clip(jnp.asarray(self.fn(outputs, batch), jnp.float32), self.low, self.high)
+    values = jnp.asarray(self.fn(outputs, batch), jnp.float32)
+    rows = jax.tree.leaves(batch)[0].shape[:1] if jax.tree.leaves(batch) else None
+    if values.ndim != 1 or (rows is not None and values.shape != rows):
+      raise ValueError(f"NoisyMean.fn must return one value per example, shape {rows or '(n,)'}, "
+                       f"got shape {values.shape}")
+    values = jnp.clip(values, self.low, self.high)
     mid, half = (self.high + self.low) / 2.0, (self.high - self.low) / 2.0
-    noisy = jnp.sum(values - mid) + self.noise_multiplier * half * jax.random.normal(key)
-    return noisy / values.shape[0] + mid
+    # The std rounded up to float32: never less noise than accounted.
+    std = round_up_float32(float(self.noise_multiplier) * half)
+    noisy = jnp.sum(values - mid) + std * jax.random.normal(key)
+    return noisy / self.num_examples + mid
 
 
 @dataclasses.dataclass(frozen=True)

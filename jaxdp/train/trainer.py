@@ -13,9 +13,10 @@ clips, noises, samples and counts the steps (plus the DP score's event when
 the task scores privately). A run that diverges stops early; its reported
 epsilon is still that of the planned number of steps, which upper-bounds what
 ran (the stopping time depends only on the privatised parameters). The
-dataset size N is treated as public: every update is divided by the expected
-batch size q*N, and an expected `batch_size` b means q = b/N (README,
-"Privacy assumptions"). A config with noise_multiplier = 0 is not private at
+training set size N is a declared public input (`Dataset.num_examples`),
+never read from the rows: every update is divided by the expected batch size
+q*N, and an expected `batch_size` b means q = b/N, whatever number of rows
+the data holds (README, "Privacy assumptions"). A config with noise_multiplier = 0 is not private at
 all (epsilon = inf) and warns with `NotPrivateWarning` when it is built.
 """
 
@@ -99,7 +100,8 @@ class TrainConfig:
       differentially private (epsilon = inf) and construction warns with a
       `NotPrivateWarning`; useful only as a non-private baseline.
     sampling_prob / batch_size: exactly one: the Poisson rate q in (0, 1], or
-      the expected batch size b > 0 with q = b / N (N is treated as public).
+      the expected batch size b > 0 with q = b / N (N: the declared public
+      `Dataset.num_examples`).
     steps / epochs: exactly one; steps = ceil(epochs / q) (`jaxdp.accounting.dpsgd_steps`).
     target_delta: delta in (0, 1) at which epsilon is reported.
 
@@ -188,10 +190,11 @@ class TrainConfig:
       return float(self.sampling_prob)
     if num_examples is None:
       raise ValueError(f"batch_size={self.batch_size!r} sets q = batch_size / N: pass num_examples "
-                       "(the training set size, treated as public)")
+                       "(the declared public training set size, Dataset.num_examples)")
     n = _validate.integer("num_examples", num_examples, low=1)
     if self.batch_size > n:
-      raise ValueError(f"batch_size must be in (0, N] with N={n} training examples, got {self.batch_size!r}")
+      raise ValueError(f"batch_size must be in (0, N] with N={n} (declared) training examples, "
+                       f"got {self.batch_size!r}")
     return float(self.batch_size) / n
 
   def num_steps_for(self, num_examples: Optional[int] = None) -> int:
@@ -322,7 +325,7 @@ class LoopSpec:
     traced_names: names of the traced hyperparameters (vmapped arrays).
     train_structure: pytree structure, per-example shapes and dtypes of the
       training data.
-    num_examples: N, training set size.
+    num_examples: N, the declared (public) training set size.
     sampling_prob: q.
     num_steps: planned steps.
     padded_batch_size: rows on the common path.
@@ -350,9 +353,12 @@ class LoopSpec:
     padded = ex.padded_batch_size
     static, traced = config.task.split_hparams(config.hparams)
     static = _hashable_items(config.task, static)
+    # Padding is sized from the rows present (a shape, performance only);
+    # q and T above come from the declared N only.
+    rows = data.num_train_rows
     if micro is None:
       fixed = padded is not None
-      padded = padded if fixed else default_padded_batch_size(n, q)
+      padded = padded if fixed else default_padded_batch_size(rows, q)
       per_example = _per_example_bytes(config.task, static, data.train)
       if per_example is None:  # the task does not fit the data: check_task will say why
         micro = padded
@@ -361,7 +367,7 @@ class LoopSpec:
                                                    divide=fixed)
         padded = micro * math.ceil(padded / micro)
     elif padded is None:
-      padded = default_padded_batch_size(n, q, micro)
+      padded = default_padded_batch_size(rows, q, micro)
     validate_batch_sizes(padded, micro)
     return cls(task=config.task, static_hparams=static,
                traced_names=tuple(sorted(traced)), train_structure=_structure(data.train),
@@ -449,6 +455,7 @@ def build_train_loop(spec: LoopSpec) -> Callable[..., LoopOutput]:
 
   def loop(params, plan: DpSgdPlan, traced: Mapping[str, jax.Array], key, train) -> LoopOutput:
     sample_key, noise_key = jax.random.split(key)
+    num_rows = jax.tree.leaves(train)[0].shape[0]  # static; never a normaliser
     clipped = plan.clipped_grad(loss, method=task.clipping)
     opt = optax.chain(plan.privatizer(clipped, noise_key), task.optimizer_for(spec.hparams(traced)))
     opt_state = opt.init(params)
@@ -457,7 +464,8 @@ def build_train_loop(spec: LoopSpec) -> Callable[..., LoopOutput]:
       step, params, opt_state, _ = carry
       grad_sum, _ = plan.batch_sum(
           jax.random.fold_in(sample_key, step), lambda idx, valid: clipped(params, _take(train, idx), valid),
-          padded_batch_size=spec.padded_batch_size, microbatch_size=spec.microbatch_size)
+          num_rows=num_rows, padded_batch_size=spec.padded_batch_size,
+          microbatch_size=spec.microbatch_size)
       updates, opt_state = opt.update(grad_sum, opt_state, params)
       params = optax.apply_updates(params, updates)
       return step + 1, params, opt_state, _all_finite(params)
@@ -793,8 +801,8 @@ def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
   if initial_params is not None:
     init_key, _ = jax.random.split(key)
     initial_params = _check_initial_params(initial_params, jax.eval_shape(init_fn, init_key, train))
-  args = (config.plan(data.num_examples), traced_hparams(spec, config), key, train, test, validation,
-          initial_params)
+  args = (config.plan(data.num_examples).for_device(), traced_hparams(spec, config), key, train, test,
+          validation, initial_params)
   executable, compile_s = compile_cached(run_fn, args)
   out, score, test_score, test_loss = executable(*args)
   return result_of(config, data.num_examples, out, score, test_score, test_loss,

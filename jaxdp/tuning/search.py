@@ -40,8 +40,9 @@ class TunedResult:
   Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
   differ by adding or removing one private example (training or private
   validation), which is what `event` accounts; the training set size N is
-  public (every step divides by q N, and an expected batch size b means
-  q = b / N); `score_source` says where the score came from: a plain score
+  the declared public `data.num_examples`, never counted from the rows (every
+  step divides by q N, and an expected batch size b means q = b / N), and a
+  `NoisyMean` divides by its declared `num_examples`; `score_source` says where the score came from: a plain score
   reads `data.test`, which is treated as public and is NOT accounted, a DP
   score reads `data.private_validation` and its event is in `event`. Only
   the selected candidate is covered by `epsilon`. The key must stay secret

@@ -6,8 +6,11 @@
   2. run the Papernot-Steinke private random search (K ~ `repetitions`) on X1
      with the batched sweep engine;
   3. extrapolate the selected hyperparameters to the final training set with
-     the task's `extrapolate(hparams, m, n)` (n = final set size, m = |X1|;
-     both are treated as public). DP-SGD: learning rate x n/m
+     the task's `extrapolate(hparams, m, n)`, where m = round(q N) and n
+     (N - m for variant 1, N for variant 2) are the *declared* sizes of X1
+     and of the final set, computed from the public N
+     (`Dataset.num_examples`), never counted from the private rows; every
+     run on X1 divides by gamma*m and the final run by gamma*n. DP-SGD: learning rate x n/m
      (`jaxdp.train.scale_learning_rate`), because the update is the
      clipped-gradient sum divided by the expected batch gamma*N and KK Sec. 4
      keep the per-step noise-to-signal ratio; Adam-type optimizers are scale
@@ -54,12 +57,14 @@ class SubsampledResult:
 
   Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
   differ by adding or removing one training example, as `event` accounts. The
-  training set size N = |X| is treated as public and is revealed exactly:
-  m = `subset_size` and n = `final_train_size` are returned, and the SGD
-  learning-rate factor n / m is visible in `final_config` (variant 1:
-  N = m + n; variant 2: N = n). Candidates must give `sampling_prob` (not an
-  expected `batch_size`, whose q = b / m would depend on the subset drawn). Given N, m depends only on the subsampling
-  randomness. `num_candidates` is K, drawn from the public `repetitions` law
+  training set size N is the declared public `data.num_examples`, and every
+  size the procedure uses derives from it and q, never from the rows drawn:
+  m = `subset_size` = round(q N) and n = `final_train_size` (N - m for
+  variant 1, N for variant 2) are the normalisers of the runs on X1 and of
+  the final run, and the SGD learning-rate factor n / m is visible in
+  `final_config`: N, m and n are public and revealed exactly (variant 1:
+  N = m + n; variant 2: N = n). Candidates must give `sampling_prob` (not an expected
+  `batch_size`, whose q = b / N would not be the rate of a run on X1). `num_candidates` is K, drawn from the public `repetitions` law
   with the caller's key, independent of the data. Scores (`tuned_score`,
   `test_score`) are the task's public score on `data.test`, which is treated
   as public and not accounted (DP scores on private validation data are not
@@ -80,16 +85,18 @@ class SubsampledResult:
       subset (NaN if nothing was released).
     test_score: the final model's public test score (NaN if it diverged).
     num_candidates: K, candidates trained on X1.
-    subset_size: m = |X1|.
-    final_train_size: n, examples the final model was trained on.
+    subset_size: m = round(q N), the declared size of X1 (public; X1's actual
+      size is `subset_mask.sum()`, private).
+    final_train_size: n, the declared size of the final training set
+      (N - m for variant 1, N for variant 2).
     variant: 1 or 2.
     q: subset sampling rate.
     epsilon: epsilon of the whole procedure at `delta`.
     delta: target delta.
     event: the accounted `acc.SubsampledTuning`.
     gradient_evaluations: sum over every training run (the K tuning runs and
-      the final one) of planned steps x expected batch (gamma x training set
-      size).
+      the final one) of planned steps x expected batch (gamma x declared
+      training set size).
     baseline_gradient_evaluations: expected cost of Papernot-Steinke on all
       of X: E[K] x (mean over the grid of steps x gamma) x |X|.
     subset_mask: boolean mask over `data.train` of X1 (private; see above).
@@ -126,10 +133,28 @@ def _check_variant(variant) -> int:
   return int(variant)
 
 
-def _split(data: Dataset, mask: np.ndarray, name: str) -> Dataset:
+def _split(data: Dataset, mask: np.ndarray, name: str, num_examples: int) -> Dataset:
+  """The rows of `mask`, declared to hold the public `num_examples` (never the count drawn)."""
   train = jax.tree.map(lambda leaf: np.asarray(leaf)[mask], data.train)
   return Dataset(name=f"{data.name}[{name}]", train=train, test=data.test,
-                 num_classes=data.num_classes)
+                 num_examples=num_examples, num_classes=data.num_classes)
+
+
+def declared_sizes(num_examples: int, q: float, variant: int) -> tuple[int, int]:
+  """(m, n): the public sizes of X1 and of the final training set, from N and q alone.
+
+  m = round(q N) is X1's expected size; n = N - m (variant 1) or N (variant 2).
+
+  Raises:
+    ValueError: m or n would be 0 (q N too small, or too close to N).
+  """
+  m = int(round(q * num_examples))
+  n = num_examples - m if variant == 1 else num_examples
+  if m < 1 or n < 1:
+    raise ValueError(f"q={q!r} on N={num_examples} declared training examples gives a tuning subset "
+                     f"of expected size m={m} and a final set of n={n}; both must be >= 1 (use a "
+                     "larger data set or a q further from 0 and 1)")
+  return m, n
 
 
 def _cost(config: TrainConfig, num_examples: int) -> float:
@@ -214,10 +239,12 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
                      "KK's amplification by subsampling covers the training set only. Score on a "
                      "public test split")
   if any(c.sampling_prob is None for c in space.configs):
-    raise ValueError("subsampled_search needs sampling_prob, not batch_size: q = batch_size / m "
-                     "would depend on the size m of the private subset drawn")
+    raise ValueError("subsampled_search needs sampling_prob, not batch_size: the candidates run on "
+                     "a subset and the final model on another set, so q = batch_size / N would be "
+                     "the rate of neither")
   q = _validate.probability("q", q)
   variant = _check_variant(variant)
+  m, n = declared_sizes(data.num_examples, q, variant)
   repetitions = _args.repetitions(repetitions)
   key = _args.key(key)
   delta = _args.delta(delta)
@@ -232,16 +259,14 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   eps = acc.epsilon(event, delta, method="best")  # also fails early on a bad delta
 
   subset_key, search_key, final_key = jax.random.split(key, 3)
-  num_train = data.num_examples
   # Poisson subsampling: each example joins X1 independently w.p. q (KK Alg. 1).
-  mask = np.asarray(jax.random.bernoulli(subset_key, q, (num_train,)))
-  m = int(mask.sum())
+  mask = np.asarray(jax.random.bernoulli(subset_key, q, (data.num_train_rows,)))
   final_mask = ~mask if variant == 1 else np.ones_like(mask)
-  n = int(final_mask.sum())
-  if m == 0 or n == 0:
-    raise ValueError(f"q={q!r} on {num_train} training examples drew |X1|={m} and a final set of {n}; "
-                     "both must be non-empty (use a larger data set or a q further from 0 and 1)")
-  subset = _split(data, mask, f"X1, q={q:g}")
+  if not mask.any() or not final_mask.any():
+    # Probability (1 - q)^rows or q^rows: arrays cannot have zero rows.
+    raise ValueError(f"q={q!r} drew an empty tuning subset or an empty final set from "
+                     f"{data.num_train_rows} rows; use a larger data set or a q further from 0 and 1")
+  subset = _split(data, mask, f"X1, q={q:g}", m)
 
   # Papernot-Steinke random search on X1, with the same key use as `random_search`.
   cands = search_lib.draw_search(space, repetitions, search_key)
@@ -253,12 +278,12 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   chosen = cands[best].config if released else space.configs[0]
 
   final_config, factor = extrapolate(chosen, m, n)
-  final_data = _split(data, final_mask, "X \\ X1" if variant == 1 else "X")
+  final_data = _split(data, final_mask, "X \\ X1" if variant == 1 else "X", n)
   warm = results[best].params if (warm_start and released) else None
   final = train_candidate(final_config, final_data, final_key, initial_params=warm)
 
   spent = sum(_cost(c.config, m) for c in cands) + _cost(final_config, n)
-  mean_cost = float(np.mean([_cost(c, num_train) for c in space.configs]))
+  mean_cost = float(np.mean([_cost(c, data.num_examples) for c in space.configs]))
   final_point = {name: final_config.value(name) for name in chosen_point}
   return SubsampledResult(
       params=final.params, final_config=final_config,

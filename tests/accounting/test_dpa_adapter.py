@@ -284,3 +284,60 @@ def test_lru_cache_is_bounded_by_entries_and_bytes():
   assert len(cache) == 2
   _dpa.clear_caches()  # reaches every LruCache
   assert len(cache) == 0
+
+
+# ----------------------------------------------------------------------------- large losses
+
+
+@pytest.mark.parametrize("eps,delta", [(0.5, 0.0), (3.3, 1e-6), (709.0, 0.0), (709.78, 1e-7)])
+def test_privacy_parameters_pld_is_dp_accountings_where_it_has_one(eps, delta):
+  interval = max(1e-4, eps / 5e5)
+  ref = dpa.pld.privacy_loss_distribution.from_privacy_parameters(
+      dpa.pld.common.DifferentialPrivacyParameters(eps, delta), interval)
+  assert _same_pld(_dpa.pld_from_privacy_parameters(eps, delta, interval), ref)
+
+
+@pytest.mark.parametrize("eps,delta", [(710.0, 0.0), (720.0, 1e-7), (1e6, 0.0), (1e6, 1e-7)])
+def test_privacy_parameters_pld_beyond_exp_has_the_dominating_pairs_masses(eps, delta):
+  interval = max(1e-4, eps / 5e5)
+  with pytest.raises(OverflowError):  # dp-accounting evaluates e^eps
+    dpa.pld.privacy_loss_distribution.from_privacy_parameters(
+        dpa.pld.common.DifferentialPrivacyParameters(eps, delta), interval)
+  pmf = _dpa.pld_pmfs(_dpa.pld_from_privacy_parameters(eps, delta, interval))[0]
+  tiny = math.exp(-eps)
+  want = {math.ceil(eps / interval): (1 - delta) / (1 + tiny)}
+  if tiny > 0:
+    want[math.ceil(-eps / interval)] = (1 - delta) * tiny / (1 + tiny)
+  assert pmf._loss_probs == want and pmf._infinity_mass == delta  # pylint: disable=protected-access
+
+
+def test_sparse_suffix_table_equals_dp_accountings_scalar_delta():
+  # dp-accounting keeps PMFs of at most 1000 atoms sparse (a dict); _dpa.pmf_table
+  # reads that dict too. Its vectorised delta gives -inf past exp's range.
+  pld = _dpa.pld_from_privacy_parameters(1.3, 1e-4, 1e-3).compose(
+      _dpa.pld_from_privacy_parameters(0.4, 0.0, 1e-3))
+  huge = _dpa.pld_from_privacy_parameters(720.0, 0.0, 1e-3)
+  for p, grid in ((pld, np.linspace(-0.5, 2.0, 26)), (huge, np.array([0.0, 5.0, 714.0, 719.99]))):
+    pmf = _dpa.pld_pmfs(p)[0]
+    assert hasattr(pmf, "_loss_probs"), "dp-accounting internals changed: small PMFs are not sparse"
+    table = _dpa.pmf_table(pmf)
+    for eps in grid:
+      ref = float(p.get_delta_for_epsilon(float(eps)))  # the scalar path: -expm1, no overflow
+      ours = float(_dpa.suffix_delta(table, np.array([eps]))[0])
+      assert ours == pytest.approx(ref, abs=1e-15, rel=1e-12) and ours >= ref - 1e-16, eps
+  with np.errstate(over="ignore"):
+    assert p.get_delta_for_epsilon(np.array([714.0]))[0] == -np.inf  # why the table is needed
+
+
+def test_laplace_beyond_exps_range_gets_its_randomized_response_pair():
+  # dp-accounting's own Laplace PLD moves the mass at loss 1/b to +inf from 1/b ~ 710 on.
+  with np.errstate(over="ignore"):
+    ref = dpa.pld.PLDAccountant(value_discretization_interval=0.02).compose(dpa.LaplaceDpEvent(1e-3))
+    assert ref.get_epsilon(1e-5) == math.inf
+  pld, _ = _dpa.pld_of_event(dpa.LaplaceDpEvent(1e-3), 0.02)
+  assert _same_pld(pld, _dpa.pld_from_privacy_parameters(1e3, 0.0, 0.02))
+  assert 1e3 - 2e-5 <= pld.get_epsilon_for_delta(1e-5) <= 1e3
+  # Below LAPLACE_MAX_LOSS: dp-accounting's Laplace PLD, bit for bit.
+  below, _ = _dpa.pld_of_event(dpa.LaplaceDpEvent(1 / 650), 0.01)
+  ref = dpa.pld.PLDAccountant(value_discretization_interval=0.01).compose(dpa.LaplaceDpEvent(1 / 650))
+  assert _same_pld(below, ref._pld)  # pylint: disable=protected-access

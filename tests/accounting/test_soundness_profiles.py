@@ -162,3 +162,26 @@ def test_random_stopping_pure_at_or_above_exact(t):
     la, lb = ex.best_of_k(a, law), ex.best_of_k(b, law)
     mask = la > 0
     assert float(np.max(np.log(la[mask]) - np.log(lb[mask]))) <= bound + 1e-9
+
+
+@pytest.mark.parametrize("dist_name", ["poisson0.5", "poisson3", "bin5", "geom3", "tnb-0.5"])
+@pytest.mark.parametrize("base_eps", [0.1, 0.8])
+def test_selection_profile_bounds_the_exact_curve_at_negative_eps(dist_name, base_eps):
+  # Best of K randomized-response runs, exactly: below eps = 0 the default
+  # output released when K = 0 (mass P[K=0] under both neighbours) adds
+  # P[K=0] (1 - e^eps) to the hockey-stick divergence, which the KRW bound
+  # m delta_Q(eps - c) alone does not cover.
+  dist = DISTS[dist_name]
+  q0, q1 = ex.randomized_response(base_eps)
+  prof, _, _, shift = ps.select(prof_lib.PureDpProfile(base_eps), dist)
+  assert prof.atom == dist.prob_zero
+  for eps in (-3.0, -1.0, -0.3, -0.05, 0.0, 0.3, 1.0):
+    assert _exact_hs(q0, q1, dist, eps) <= prof.delta(eps) * (1 + 1e-12), eps
+    without_atom = min(1.0, prof.scale * prof.inner.delta(eps - shift))
+    if eps >= 0.0:  # the atom adds nothing there: every reported epsilon is unchanged
+      assert prof.delta(eps) == without_atom
+  if dist_name == "poisson0.5":  # P[K=0] = 0.61: without the atom the bound was below the truth
+    assert _exact_hs(q0, q1, dist, -1.0) > min(1.0, prof.scale * prof.inner.delta(-1.0 - shift))
+    np.testing.assert_allclose(prof.delta(np.array([-1.0, -0.3])),
+                               prof.scale * prof.inner.delta(np.array([-1.0, -0.3]) - shift)
+                               + math.exp(-0.5) * -np.expm1([-1.0, -0.3]), rtol=1e-15)

@@ -96,9 +96,12 @@ def _split(n, shape=(4,), label=0):
     (dict(test=_split(3, shape=(5,))), "share a shape"),
     (dict(num_classes=1), "num_classes"),
     (dict(train=data.DataSplit(np.full((2, 4), np.inf, np.float32), np.zeros(2, np.int32))), "finite"),
+    (dict(num_examples=None), r"num_examples must be given: the public training set size N"),
+    (dict(num_examples=0), r"num_examples must be an integer in \[1, inf\), got 0"),
+    (dict(num_examples=3.5), "num_examples must be an integer, got 3.5"),
 ])
 def test_dataset_rejects_bad_or_empty_data(kwargs, match):
-  fields = dict(name="x", train=_split(3), test=_split(2), num_classes=2)
+  fields = dict(name="x", train=_split(3), test=_split(2), num_examples=3, num_classes=2)
   fields.update(kwargs)
   with pytest.raises(ValueError, match=match):
     data.Dataset(**fields)
@@ -109,14 +112,22 @@ def _dict_split(n, d=3):
 
 
 def test_dataset_holds_any_pytree_with_n_leading():
-  ds = data.Dataset(train=_dict_split(7), test=_dict_split(2), private_validation=_dict_split(4))
-  assert ds.num_examples == 7 and ds.name == "data" and ds.num_classes is None
+  ds = data.Dataset(train=_dict_split(7), test=_dict_split(2), private_validation=_dict_split(4),
+                    num_examples=7)
+  assert ds.num_examples == 7 and ds.num_train_rows == 7 and ds.name == "data" and ds.num_classes is None
   # Tuples, nested containers and a public split left out are all fine.
   nested = {"x": (np.zeros((5, 2, 2), np.float32), np.zeros((5,), np.int32)), "w": np.ones((5, 1))}
-  assert data.Dataset(train=nested).num_examples == 5
-  assert data.Dataset(train=(np.zeros((3, 2)), np.zeros(3))).test is None
+  assert data.Dataset(train=nested, num_examples=5).num_train_rows == 5
+  assert data.Dataset(train=(np.zeros((3, 2)), np.zeros(3)), num_examples=3).test is None
   with pytest.raises(ValueError, match="input_shape needs DataSplit"):
-    data.Dataset(train=_dict_split(3)).input_shape  # pylint: disable=expression-not-assigned
+    data.Dataset(train=_dict_split(3), num_examples=3).input_shape  # pylint: disable=expression-not-assigned
+
+
+def test_declared_size_is_never_read_from_the_rows():
+  # A neighbouring data set holds N + 1 or N - 1 rows at the same declared N.
+  for rows in (6, 7, 8):
+    ds = data.Dataset(train=_dict_split(rows), num_examples=7)
+    assert ds.num_examples == 7 and ds.num_train_rows == rows
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -137,7 +148,7 @@ def test_dataset_holds_any_pytree_with_n_leading():
      r"private_validation\['x'\] must be finite"),
 ])
 def test_pytree_dataset_rejects_bad_splits(kwargs, match):
-  fields = dict(train=_dict_split(6), test=_dict_split(2))
+  fields = dict(train=_dict_split(6), test=_dict_split(2), num_examples=6)
   fields.update(kwargs)
   with pytest.raises(ValueError, match=match):
     data.Dataset(**fields)

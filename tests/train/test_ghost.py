@@ -331,7 +331,7 @@ def test_ghost_task_trains_like_the_vmap_task(model):
   from jaxdp.data import Dataset  # pylint: disable=g-import-not-at-top
   from jaxdp.train import ExecutionConfig, TrainConfig, train_candidate  # pylint: disable=g-import-not-at-top
   train = _digits_like()
-  data = Dataset(name="d", train=train, test=train, num_classes=10)
+  data = Dataset(name="d", train=train, test=train, num_examples=len(train.labels), num_classes=10)
   vmap_task = presets.classifier(10)
   ghost_task = dataclasses.replace(vmap_task, clipping="ghost")
   # Same microbatches for both, so the only difference is how norms and sums are computed.

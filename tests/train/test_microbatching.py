@@ -61,7 +61,8 @@ def _data(n=120, d=16, classes=3, seed=0):
   x = rng.normal(size=(n, d)).astype(np.float32)
   y = (np.arange(n) % classes).astype(np.int32)
   x[:, 0] += y
-  return Dataset(name="mb", train=DataSplit(x, y), test=DataSplit(x[:30], y[:30]), num_classes=classes)
+  return Dataset(name="mb", train=DataSplit(x, y), test=DataSplit(x[:30], y[:30]), num_examples=n,
+                 num_classes=classes)
 
 
 def _config(**execution):

@@ -6,6 +6,7 @@ import pytest
 
 from jaxdp.train import (ClippedGrad, DpSgdPlan, add_gaussian_noise, normalize_by_expected_batch_size,
                          presets)
+from jaxdp.train.noise import round_up_float32
 
 
 @pytest.mark.parametrize("sigma,clip,expected_batch", [(1.0, 1.0, 1.0), (2.0, 0.5, 50.0), (0.7, 3.0, 256.0)])
@@ -114,3 +115,33 @@ def test_privatizer_noise_reads_the_clipped_gradient_sensitivity():
 def test_rejects_non_key():
   with pytest.raises(ValueError, match="key"):
     add_gaussian_noise(1.0, 1.0, 42)
+
+
+def _calibrated_sigmas():
+  # Noise multipliers as calibration returns them: arbitrary float64s.
+  return np.random.default_rng(0).uniform(0.3, 20.0, size=2000)
+
+
+def test_sigma_enters_the_device_rounded_up_never_down():
+  sigmas = _calibrated_sigmas()
+  up = round_up_float32(sigmas).astype(np.float64)
+  assert np.all(up >= sigmas)
+  # The smallest such float32: one step down is below sigma.
+  assert np.all(np.nextafter(up.astype(np.float32), np.float32(0)).astype(np.float64) < sigmas)
+  # Rounding to nearest would have put about half of them below sigma.
+  assert 0.3 < np.mean(sigmas.astype(np.float32).astype(np.float64) < sigmas) < 0.7
+  # Exactly representable values are kept.
+  np.testing.assert_array_equal(round_up_float32(np.array([0.0, 0.5, 1.0, 3.0])), [0.0, 0.5, 1.0, 3.0])
+
+
+@pytest.mark.parametrize("sigma", _calibrated_sigmas()[:20].tolist())
+def test_noise_state_and_device_plan_hold_at_least_the_accounted_sigma(sigma):
+  tx = add_gaussian_noise(sigma, 1.0, jax.random.key(0))
+  stored = tx.init({"a": jnp.zeros(3)}).noise_multiplier
+  assert stored.dtype == jnp.float32 and float(stored) >= sigma
+  plan = DpSgdPlan(l2_clip_norm=0.7, noise_multiplier=sigma, sampling_prob=0.5, num_steps=3,
+                   num_examples=10).for_device()
+  assert float(plan.noise_multiplier) >= sigma and plan.noise_multiplier.dtype == np.float32
+  assert plan.dp_event() == DpSgdPlan(l2_clip_norm=0.7, noise_multiplier=float(plan.noise_multiplier),
+                                      sampling_prob=0.5, num_steps=3, num_examples=10).dp_event()
+

@@ -123,7 +123,7 @@ D, N = 10_000, 16
 def _noise_setup():
   rng = np.random.default_rng(0)
   data = Dataset(train={"x": rng.normal(size=(N, D)).astype(np.float32),
-                        "y": rng.normal(size=N).astype(np.float32)})
+                        "y": rng.normal(size=N).astype(np.float32)}, num_examples=N)
   cfg = _config(sampling_prob=0.5, steps=1, l2_clip_norm=0.5, noise_multiplier=1e4)
   spec = LoopSpec.from_config(cfg, data)
   params = trainer.init_params(spec, jax.random.key(0), data.train)

@@ -115,8 +115,29 @@ def test_q_one_includes_everyone_and_q_zero_nobody(traced):
   key, n = jax.random.key(5), 100_000
   fn = jax.jit(lambda k, q: sampling.poisson_mask(k, n, q)) if traced else (
       lambda k, q: sampling.poisson_mask(k, n, q))
-  assert bool(jnp.all(fn(key, 1.0)))
+  assert bool(jnp.all(sampling.poisson_mask(key, n, 1.0)))  # the accounted float64 q = 1
   assert not bool(jnp.any(fn(key, 0.0)))
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["concrete", "traced"])
+@pytest.mark.parametrize("dtype,accounted,below_one,key,n", [
+    # float32(1 - 1e-8) == 1: it samples at 1 - 2**-24, threshold 2**32 - 2**8.
+    (jnp.float32, 1 - 1e-8, 1 - 2.0**-24, 14, 2**20),
+    # bfloat16(0.9993) == 1: at 1 - 2**-8, threshold 2**32 - 2**24.
+    (jnp.bfloat16, 0.9993, 1 - 2.0**-8, 5, 100_000),
+], ids=["float32", "bfloat16"])
+def test_narrow_array_q_that_rounds_to_one_never_samples_everyone(dtype, accounted, below_one, key,
+                                                                   n, traced):
+  q = jnp.asarray(accounted, dtype)
+  assert float(q) == 1.0  # the cast rounded the accounted q up to 1
+  key = jax.random.key(key)
+  bits = np.asarray(jax.random.bits(key, (n,), jnp.uint32)).astype(np.uint64)
+  want = bits < math.floor(below_one * 2**32)
+  assert not want.all()  # this key draws bits that only q = 1 would include
+  fn = jax.jit(lambda k, q: sampling.poisson_mask(k, n, q)) if traced else (
+      lambda k, q: sampling.poisson_mask(k, n, q))
+  np.testing.assert_array_equal(np.asarray(fn(key, q)), want)
+  assert below_one <= accounted
 
 
 @pytest.mark.parametrize("q", [1e-9, 3e-8, 0.1, 1 / 3, 0.999], ids=repr)

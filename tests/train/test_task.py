@@ -37,7 +37,7 @@ def _make_data():
   w = rng.normal(size=D)
   # Three splits of different sizes, so a score's batch tells which one it read.
   return Dataset(name="halfspace", train=_split(rng, w, N_TRAIN), test=_split(rng, w, N_TEST),
-                 private_validation=_split(rng, w, N_VAL))
+                 private_validation=_split(rng, w, N_VAL), num_examples=N_TRAIN)
 
 
 DATA = _make_data()
@@ -287,7 +287,7 @@ def test_public_score_reads_only_the_public_test_split():
   # Same private training data, test labels flipped: the training (params) is
   # untouched and the score is exactly the complement, so it reads test only.
   flipped = Dataset(train=DATA.train, test={"x": DATA.test["x"], "y": 1.0 - DATA.test["y"]},
-                    private_validation=DATA.private_validation)
+                    private_validation=DATA.private_validation, num_examples=N_TRAIN)
   b = train_candidate(cfg, flipped, jax.random.key(2))
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_array_equal(x, y)
@@ -301,13 +301,14 @@ def test_public_score_reads_only_the_public_test_split():
 @pytest.mark.parametrize("task", [MLP_TASK, LINEAR_TASK], ids=["score", "minus-loss"])
 def test_public_score_without_public_data_is_refused(task, no_training):
   cfg = _config(task)
-  for data in (Dataset(train=DATA.train),
-               Dataset(train=DATA.train, private_validation=DATA.private_validation)):
+  for data in (Dataset(train=DATA.train, num_examples=N_TRAIN),
+               Dataset(train=DATA.train, private_validation=DATA.private_validation,
+                       num_examples=N_TRAIN)):
     with pytest.raises(ValueError, match="jaxdp never scores on the private training data"):
       train_candidate(cfg, data, jax.random.key(0))
 
 
-NOISY = NoisyMean(fn=correct, low=0.0, high=1.0, noise_multiplier=2.0)
+NOISY = NoisyMean(fn=correct, low=0.0, high=1.0, noise_multiplier=2.0, num_examples=N_VAL)
 NOISY_TASK = Task(model=LINEAR, loss=bce, optimizer=sgd, score=NOISY, name="noisy")
 
 
@@ -332,7 +333,7 @@ def test_noisy_mean_score_is_accounted_and_reads_private_validation():
 
 
 def test_noisy_mean_noise_std_and_clipping():
-  score = NoisyMean(fn=lambda out, batch: out, low=-1.0, high=3.0, noise_multiplier=1.5)
+  score = NoisyMean(fn=lambda out, batch: out, low=-1.0, high=3.0, noise_multiplier=1.5, num_examples=50)
   values = jnp.linspace(-0.5, 2.5, 50)  # inside [low, high]; mean 1.0
   draws = 20_000
   keys = jax.random.split(jax.random.key(8), draws)
@@ -341,13 +342,14 @@ def test_noisy_mean_noise_std_and_clipping():
   # 20,000 draws: the std estimate's relative standard error is 1/sqrt(2 * 20000) = 0.5%.
   np.testing.assert_allclose(scores.std(), want_std, rtol=0.03)
   assert abs(scores.mean() - 1.0) < 5 * want_std / math.sqrt(draws)
-  # Values are clipped to [low, high] before the sum; the noise does not depend on them.
+  # Values are clipped to [low, high] before the sum; the noise does not depend on them,
+  # and the sum is divided by the declared 50, not by the 4 rows given.
   raw = jnp.array([-5.0, 0.5, 10.0, 2.0])
   key = jax.random.key(3)
   assert float(score(raw, None, key)) == float(score(jnp.clip(raw, -1.0, 3.0), None, key))
   other = jnp.array([0.0, 0.0, 0.0, 0.0])
   np.testing.assert_allclose(float(score(raw, None, key)) - float(score(other, None, key)),
-                             float(jnp.mean(jnp.clip(raw, -1.0, 3.0))), rtol=1e-5)
+                             float(jnp.sum(jnp.clip(raw, -1.0, 3.0))) / 50, rtol=1e-5)
   assert score.event == dp_accounting.GaussianDpEvent(1.5)
 
 
@@ -372,7 +374,8 @@ def test_dp_score_adds_exactly_its_event_and_reads_private_validation():
 def test_dp_score_without_private_validation_is_refused(no_training):
   cfg = _config(NOISY_TASK)
   with pytest.raises(ValueError, match=r"DP score.*data.private_validation.*None"):
-    train_candidate(cfg, Dataset(train=DATA.train, test=DATA.test), jax.random.key(0))
+    train_candidate(cfg, Dataset(train=DATA.train, test=DATA.test, num_examples=N_TRAIN),
+                    jax.random.key(0))
 
 
 # -------------------------------------------------------------------- bad input
@@ -395,13 +398,14 @@ def _per_example_shape(model, loss=bce, **kw):
     (_per_example_shape(LINEAR, loss=lambda out, batch: bce(out, batch)[:, None]), DATA,
      r"the loss must return one value per example.*returned \(2, 1\)"),
     (_per_example_shape(LINEAR, score=correct), DATA, r"the score must return a scalar, got \(24,\)"),
-    (_per_example_shape(LINEAR, score=NoisyMean(fn=accuracy, low=0.0, high=1.0, noise_multiplier=1.0)),
+    (_per_example_shape(LINEAR, score=NoisyMean(fn=accuracy, low=0.0, high=1.0, noise_multiplier=1.0,
+                                                num_examples=N_VAL)),
      DATA, r"the score fails on data.private_validation"),
     (_per_example_shape(LINEAR, inputs="y"), DATA, r"the model .* cannot take inputs of shape \(2,\)"),
     (_per_example_shape(LINEAR, inputs="features"), DATA, r"inputs cannot select the model input"),
     (_per_example_shape(LINEAR),
      Dataset(train={"features": DATA.train["x"], "y": DATA.train["y"]},
-             test={"features": DATA.test["x"], "y": DATA.test["y"]}),
+             test={"features": DATA.test["x"], "y": DATA.test["y"]}, num_examples=N_TRAIN),
      r"batch\['x'\].*Task\(inputs="),
 ], ids=["output-vs-loss", "loss-scalar", "loss-2d", "score-not-scalar", "noisy-fn-not-per-example",
         "model-input", "inputs-key", "default-inputs"])
@@ -485,9 +489,12 @@ def test_task_rejects_bad_fields(kwargs, match):
     (dict(noise_multiplier=0.0), r"noise_multiplier must be in \(0.0, inf\)"),
     (dict(noise_multiplier=-1.0), "noise_multiplier must be in"),
     (dict(noise_multiplier=float("nan")), "noise_multiplier must be finite"),
+    (dict(num_examples=None), "NoisyMean needs num_examples, the public validation size"),
+    (dict(num_examples=0), r"num_examples must be an integer in \[1, inf\), got 0"),
+    (dict(num_examples=2.5), "num_examples must be an integer, got 2.5"),
 ])
 def test_noisy_mean_rejects_bad_fields(kwargs, match):
-  fields = dict(fn=correct, low=0.0, high=1.0, noise_multiplier=1.0)
+  fields = dict(fn=correct, low=0.0, high=1.0, noise_multiplier=1.0, num_examples=N_VAL)
   fields.update(kwargs)
   with pytest.raises(ValueError, match=match):
     NoisyMean(**fields)

@@ -27,7 +27,7 @@ def _tiny_dataset(n=40, d=6, classes=3, seed=0):
   y = (np.arange(n) % classes).astype(np.int32)
   x[:, 0] += y  # learnable signal
   return Dataset(name="tiny", train=DataSplit(x, y), test=DataSplit(x[:10], y[:10]),
-                 num_classes=classes)
+                 num_examples=n, num_classes=classes)
 
 
 def _cfg(**kw):

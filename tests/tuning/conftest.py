@@ -110,7 +110,7 @@ def user_data():
   rng = np.random.default_rng(0)
   w = rng.normal(size=6)
   return Dataset(train=user_split(rng, USER_N, w), test=user_split(rng, 100, w),
-                 private_validation=user_split(rng, 100, w), name="synthetic")
+                 private_validation=user_split(rng, 100, w), num_examples=USER_N, name="synthetic")
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,8 @@ SCORE_SIGMA = 2.0
 @pytest.fixture(scope="module")
 def dp_task():
   """The user task scored by a NoisyMean of its accuracy on the private validation split."""
-  return make_user_task(score=NoisyMean(user_correct, low=0.0, high=1.0, noise_multiplier=SCORE_SIGMA),
+  return make_user_task(score=NoisyMean(user_correct, low=0.0, high=1.0, noise_multiplier=SCORE_SIGMA,
+                                       num_examples=100),
                         name="user-mlp-dp-score")
 
 
@@ -154,11 +155,12 @@ def test_subsampled_search_refuses_dp_scores(no_work, dp_config, user_data):
 @pytest.mark.parametrize("tuner", TUNERS, ids=TUNER_IDS)
 def test_missing_score_split_raises_before_any_work(no_work, tuner, user_config, dp_config, user_data):
   base = user_config.replace(sampling_prob=0.1)
-  no_test = Dataset(train=user_data.train, private_validation=user_data.private_validation)
+  no_test = Dataset(train=user_data.train, private_validation=user_data.private_validation,
+                    num_examples=USER_N)
   with pytest.raises(ValueError, match="scores on the public test split, but data.test is None"):
     _tune(tuner, base, LR, no_test)
   if tuner is not subsampled_search:  # which refuses DP scores altogether
-    no_validation = Dataset(train=user_data.train, test=user_data.test)
+    no_validation = Dataset(train=user_data.train, test=user_data.test, num_examples=USER_N)
     with pytest.raises(ValueError, match="reads data.private_validation, but it is None"):
       _tune(tuner, dp_config, LR, no_validation)
 
@@ -310,9 +312,9 @@ def test_data_leaves_disagreeing_on_n_are_refused(no_work, tuner, user_config, u
   bad_train = dict(user_data.train, y=user_data.train["y"][:-1])
   match = r"the leaves of train disagree on N.*\['x'\]: 200, train\['y'\]: 199"
   with pytest.raises(ValueError, match=match):
-    Dataset(train=bad_train, test=user_data.test)
+    Dataset(train=bad_train, test=user_data.test, num_examples=USER_N)
   # A Dataset damaged after its checks is refused by the tuner all the same.
-  damaged = Dataset(train=dict(user_data.train), test=user_data.test)
+  damaged = Dataset(train=dict(user_data.train), test=user_data.test, num_examples=USER_N)
   object.__setattr__(damaged, "train", bad_train)
   with pytest.raises(ValueError, match=match):
     _tune(tuner, user_config.replace(sampling_prob=0.1), LR, damaged)

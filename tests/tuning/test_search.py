@@ -165,6 +165,6 @@ def test_result_docstring_states_what_is_covered():
   doc = TunedResult.__doc__
   # The neighbouring relation now covers the private validation split too (DP scores).
   for fact in ("adding or removing one private example (training or private validation)",
-               "size N is public", "data.test", "data.private_validation",
+               "size N is the declared public", "never counted from the rows", "data.test", "data.private_validation",
                "NOT accounted", "reveals nothing about the data", "NOT covered by `epsilon`"):
     assert fact in " ".join(doc.split()), fact

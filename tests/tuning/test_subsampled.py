@@ -30,9 +30,9 @@ def v1(tiny_subsampled):
   return tiny_subsampled
 
 
-def _subset(data, mask):
+def _subset(data, mask, num_examples):
   return Dataset(name="check", train=DataSplit(data.train.inputs[mask], data.train.labels[mask]),
-                 test=data.test, num_classes=data.num_classes)
+                 test=data.test, num_examples=num_examples, num_classes=data.num_classes)
 
 
 def test_epsilon_is_the_accountants(v1, base_config):
@@ -49,11 +49,14 @@ def test_variant1_trains_the_final_model_on_exactly_the_complement(v1, digits):
   n_all = digits.train.inputs.shape[0]
   mask = v1.subset_mask
   assert mask.shape == (n_all,) and mask.dtype == bool
-  assert v1.subset_size == mask.sum() and v1.final_train_size == n_all - mask.sum()
-  assert 0.2 * n_all < v1.subset_size < 0.4 * n_all  # Poisson(q = 0.3) subset
+  # The released sizes are the declared ones, m = round(q N) and N - m, never
+  # the counts drawn: those depend on the private rows.
+  assert v1.subset_size == round(0.3 * digits.num_examples)
+  assert v1.final_train_size == digits.num_examples - v1.subset_size
+  assert 0.2 * n_all < mask.sum() < 0.4 * n_all  # Poisson(q = 0.3) subset
   # Retrain independently on X \ X1 with the documented key: identical parameters.
   final_key = jax.random.split(jax.random.key(3), 3)[2]
-  again = train_candidate(v1.final_config, _subset(digits, ~mask), final_key)
+  again = train_candidate(v1.final_config, _subset(digits, ~mask, v1.final_train_size), final_key)
   for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(v1.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert again.test_score == v1.test_score
@@ -177,13 +180,14 @@ def test_bad_input_is_rejected_before_any_draw_or_training(no_work, digits, base
 
 
 def test_empty_subset_is_rejected_before_k_is_drawn(digits, base_config, monkeypatch):
-  # |X1| = 0 is known once the subset is drawn (it depends on N and the key
-  # only), and is reported before K is drawn or anything trains.
+  # A declared subset size round(q N) = 0 is known from the public N and q
+  # alone, and is reported before the subset or K is drawn or anything trains.
   def fail(*args, **kwargs):
     raise AssertionError("trained or drew K after drawing an empty subset")
   monkeypatch.setattr(REPS.__class__, "sample", fail)
   monkeypatch.setattr(engine, "train_candidates", fail)
-  with pytest.raises(ValueError, match=r"\|X1\|=0"):
+  monkeypatch.setattr(jax.random, "bernoulli", fail)
+  with pytest.raises(ValueError, match=r"expected size m=0"):
     subsampled_search(base_config, GRID, digits, q=1e-6, variant=1, repetitions=REPS, key=jax.random.key(0))
 
 
@@ -198,6 +202,6 @@ def test_extrapolate_rejects_bad_input(base_config):
 
 def test_result_docstring_states_what_is_covered():
   doc = " ".join(SubsampledResult.__doc__.split())
-  for fact in ("adding or removing one training example", "treated as public and is revealed exactly",
-               "N = m + n", "data.test", "not accounted", "independent of the data", "never returned"):
+  for fact in ("adding or removing one training example", "declared public `data.num_examples`",
+               "never from the rows drawn", "public and revealed exactly", "N = m + n", "data.test", "not accounted", "independent of the data", "never returned"):
     assert fact in doc, fact
