@@ -7,8 +7,17 @@ STAMP := $(VENV)/.installed-stamp
 
 PROFILE ?= quick
 OUT ?= figures
+# pytest-xdist workers: the suite keeps both cores of a 2-core machine busy
+# (alone it leaves one idle between JAX's multi-threaded steps).
+WORKERS ?= 2
+TESTS ?=
+PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope
+# AVX2 code paths for numpy's SIMD dispatch, OpenBLAS and XLA: the round-off of
+# a processor without AVX-512 (tests/conftest.py, "Exact only within one process").
+AVX2_PATHS := NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR" OPENBLAS_CORETYPE=Haswell \
+              XLA_FLAGS="--xla_cpu_max_isa=AVX2"
 
-.PHONY: venv test test-slow reproduce-fig7 reproduce-fig1 figures-analytic figures-profiles figures-subsampled clean
+.PHONY: venv test test-slow test-cpu-paths reproduce-fig7 reproduce-fig1 figures-analytic figures-profiles figures-subsampled clean
 
 venv: $(STAMP)
 
@@ -19,13 +28,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: venv
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # Only the tests marked slow (the default run deselects them). pytest exits 5
 # when nothing is collected, which is not a failure here: a checkout with no
 # slow tests left passes.
 test-slow: venv
-	$(PY) -m pytest -q -m slow || test $$? -eq 5
+	$(PYTEST) -m slow || test $$? -eq 5
+
+# The default suite (or TESTS=<paths>) as on a processor without AVX-512.
+test-cpu-paths: venv
+	$(AVX2_PATHS) $(PYTEST) $(TESTS)
 
 # The main job: Papernot-Steinke Fig. 7 (and Koskela-Kulkarni Fig. 7), PROFILE=quick|paper.
 reproduce-fig7: venv

@@ -1,6 +1,33 @@
-"""Test-session set-up shared by all tests."""
+"""Test-session set-up shared by all tests, and the suite's rule for numbers.
 
+**Exact only within one process.** Machines of the same kind differ in their
+processors (AVX-512 or AVX2, Intel or AMD), so numpy's SIMD dispatch (exp,
+log, ...), OpenBLAS's kernels and XLA's generated code round differently. A
+test may compare two computations exactly (or to a few ulps) only when both
+run in the same process: cold vs warm cache, vectorised vs reference path,
+batched vs lone candidate, a rerun with the same key. A number recorded from
+another run (a literal in a test, a quoted README number, anything computed
+on another machine) is compared with a tolerance derived from its numerics and
+stated next to it, e.g.:
+
+  * RDP epsilons (float64 closed forms): relative 1e-10;
+  * PLD epsilons by FFT, and profiles or "best" built on PLDs: relative 1e-6
+    (5e-9 measured between an AVX-512 and an AVX2 machine);
+  * the root of a search over such epsilons (a calibrated sigma, a largest
+    E[K]): the search's own tolerance, or 1e-5 relative when it is tighter;
+  * float32 JAX training: thresholds, or a few test examples of a score;
+  * references printed to d decimals: one unit of the last digit.
+
+Every recorded epsilon is also checked on the privacy side, which holds
+exactly on any machine: delta(epsilon) <= the target, in this process.
+`make test-cpu-paths` runs the suite with numpy, OpenBLAS and XLA held to
+AVX2 code paths, as on a processor without AVX-512.
+"""
+
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -9,6 +36,20 @@ import pytest
 _FLAG = "--xla_force_host_platform_device_count=2"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+# One XLA compilation cache for this run, shared by the pytest-xdist workers
+# and the notebooks, README snippet and benchmarks run in subprocesses (they
+# inherit the environment): a program compiled by one of them is not compiled
+# again by another. Entries are keyed by the program, the compile options, the
+# backend and the JAX version, so a hit is the executable a compilation would
+# give on this machine. The directory is made per run and removed at its end
+# (by the process that made it), so nothing is shared between runs or machines.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _CACHE_DIR = tempfile.mkdtemp(prefix="jaxdp-tests-xla-cache-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -63,18 +63,27 @@ def test_tune_your_own_model_snippet_runs():
   quoted_lines = quoted.strip().splitlines()
   assert len(out) == len(quoted_lines), proc.stdout
 
-  # The dry run: accounting and calibration are deterministic; its report is quoted verbatim
-  # (the numbers to 1e-3, in case a platform rounds a last digit differently).
+  # The quoted output was recorded on another machine. sigma comes from a root
+  # search over PLD-based epsilons (FFT round-off differs between processors),
+  # which stops within 0.1% of the target: sigma to relative 1e-3 plus the last
+  # printed digit. epsilon is checked on the privacy side (never above the
+  # target 3) and to the same 1e-3 relative. Every other number in the dry run
+  # is exact arithmetic on public inputs and must print the same digits.
+  def close(key, g, w):
+    return abs(g - w) <= 1e-3 * abs(w) + 1e-4 if key in ("sigma", "epsilon") else g == w
+
   for got, want in zip(out[:-1], quoted_lines[:-1]):
     g, w = _numbers(got), _numbers(want)
     assert g.keys() == w.keys(), (got, want)
-    assert all(abs(g[k] - w[k]) <= 1e-3 for k in g), (got, want)
+    assert all(close(k, g[k], w[k]) for k in g), (got, want)
     assert re.sub(r"[0-9.]+", "#", got) == re.sub(r"[0-9.]+", "#", want), (got, want)
+    assert g.get("epsilon", 0.0) <= 3.0 + 1e-4  # the target, to the printed digits
 
-  # The search: epsilon and sigma as quoted; the score (trained in float32) within a few test examples.
+  # The search: epsilon (privacy side) and sigma as above; the score (float32
+  # XLA training, 169 public test examples) within 5 examples of the quote.
   got, want = _numbers(out[-1]), _numbers(quoted_lines[-1])
-  assert abs(got["epsilon"] - want["epsilon"]) <= 1e-3 and got["epsilon"] <= 3.0 + 1e-9
-  assert abs(got["sigma"] - want["sigma"]) <= 1e-3
+  assert close("epsilon", got["epsilon"], want["epsilon"]) and got["epsilon"] <= 3.0 + 1e-9
+  assert close("sigma", got["sigma"], want["sigma"])
   assert abs(got["score"] - want["score"]) <= 0.03, (out[-1], quoted_lines[-1])
   assert got["score"] >= 0.9
   assert "public test split (not accounted)" in out[-1]

@@ -100,16 +100,27 @@ PLAN_1BD2E7C = {
 def test_plan_gives_the_table_it_gave_before_the_speed_ups(case):
   base, eps, single, rows = PLAN_1BD2E7C[case]
   got = acc.plan(base, eps, 1e-5)
-  # The profile method's inversion now bisects without dp-accounting's seed:
-  # each epsilon is the smallest feasible one up to the bisection's 1e-12
-  # relative width either way (both feasible), and the searches move by as
-  # little. Everything else (PLD, RDP, the bracketing) is unchanged exactly.
-  assert got.single_run_epsilon == pytest.approx(single, rel=1e-9)
+  # Recorded on another machine. The epsilons are PLD- and profile-based (FFT
+  # round-off differs between processors by ~5e-9 relative): relative 1e-6.
+  # A largest E[K] is the root of a search over those epsilons, which moves
+  # the root by a few times their drift (plan itself only promises rtol 1e-2):
+  # relative 1e-5. A fixed k is an integer search, well inside its budget.
+  assert got.single_run_epsilon == pytest.approx(single, rel=1e-6)
+  assert acc.delta(base, got.single_run_epsilon, got.method) <= 1e-5
   for row, (mean, row_eps) in zip(got.rows, rows):
-    assert row.max_mean == pytest.approx(mean, rel=1e-9), row
-    assert row.epsilon == pytest.approx(row_eps, rel=1e-9) and row.epsilon <= eps, row
+    assert row.max_mean == pytest.approx(mean, rel=1e-5), row
+    assert row.epsilon == pytest.approx(row_eps, rel=1e-6) and row.epsilon <= eps, row
     if row.family == "fixed":
-      assert row.max_mean == mean  # an integer search: exactly the same k
+      assert row.max_mean == mean
+    # The privacy side, exactly: the search at the mean it reports meets the budget.
+    dist = _PLAN_LAWS[row.family](row.max_mean)
+    assert acc.epsilon(acc.RepeatAndSelect(base, dist), 1e-5, got.method) <= eps, row
+
+
+_PLAN_LAWS = {"poisson": lambda m: acc.Poisson(mean=m), "geometric": lambda m: acc.Geometric(mean=m),
+              "logarithmic": lambda m: acc.Logarithmic(mean=m),
+              "tnb-0.5": lambda m: acc.TruncatedNegativeBinomial(0.5, mean=m),
+              "fixed": lambda k: acc.Fixed(int(k))}
 
 
 def _calibrate_1bd2e7c(make_event, target_epsilon, target_delta, *, low, high, start, increasing, method,

@@ -5,8 +5,9 @@ it: a fresh interpreter, so the scripts' own XLA flags apply), and only the
 shape of the output is checked: keys, types, finiteness. Timings are never
 asserted; they depend on the machine and on whatever else runs on it.
 
-All of them run in the default suite (about 40 s together): a benchmark
-that no longer runs is found by `make test`, not later.
+They are marked slow (about 50 s together, mostly compiling in fresh
+interpreters): `make test-slow`, which CI runs on every submission, finds a
+benchmark that no longer runs.
 """
 
 import json
@@ -15,9 +16,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 300
+
+pytestmark = pytest.mark.slow
 
 
 def _run(module: str, *args: str) -> dict:

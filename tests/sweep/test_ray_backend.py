@@ -8,6 +8,9 @@ from jaxdp.sweep.ray_backend import train_candidates_ray
 
 ray = pytest.importorskip("ray", reason="the Ray backend is optional: pip install 'jaxdp[ray]'")
 
+# Starting Ray costs about 20 s: `make test-slow` (and CI) run this module.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def local_ray():
