@@ -155,13 +155,13 @@ def _wrap(rng, pool):
   return dpa.dp_event.RepeatAndSelectDpEvent(base, 3.0, math.inf)
 
 
-def _events():
+def _events(level2: int = 30, level3: int = 8):
   rng = random.Random(20)
   level1 = [_wrap(rng, _LEAVES) for _ in range(30)]
-  level2 = [_wrap(rng, level1) for _ in range(30)]
+  nested = [_wrap(rng, level1) for _ in range(level2)]
   return (_LEAVES + [acc.RepeatAndSelect(b, d) for b in (G(2.0), acc.PureDp(0.5), acc.ApproxDp(0.5, 1e-6))
                      for d in _DISTS]
-          + level1 + level2 + [_wrap(rng, level2) for _ in range(8)]
+          + level1 + nested + [_wrap(rng, nested) for _ in range(level3)]
           # The case: a part with only an RDP curve next to one with none.
           + [dpa.ComposedDpEvent([acc.ApproxDp(1.0, 1e-6),
                                   dpa.dp_event.RepeatAndSelectDpEvent(G(2.0), 3, math.inf)]),
@@ -169,14 +169,19 @@ def _events():
              dpa.SelfComposedDpEvent(acc.UniformCandidates([dpa.NonPrivateDpEvent(), G(2.0)]), 2)])
 
 
-EVENTS = _events()
+# Every leaf and selection, 30 events nested once; then 12 nested twice and 3
+# three deep (the default suite), or 30 and 8 (`make test-slow`).
+EVENTS = _events(level2=12, level3=3)
+MORE_EVENTS = _events()
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("events", [EVENTS, pytest.param(MORE_EVENTS, marks=pytest.mark.slow)],
+                         ids=["default", "more"])
 @pytest.mark.parametrize("method", acc.ALL_METHODS)
-def test_supports_is_true_exactly_where_the_method_answers(method):
+def test_supports_is_true_exactly_where_the_method_answers(method, events):
   counts = {True: 0, False: 0}
-  for event in EVENTS:
+  for event in events:
     name = acc.describe(event)
     acct = acc.make_accountant(method)
     supported = acct.supports(event)
