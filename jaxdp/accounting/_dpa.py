@@ -24,17 +24,16 @@ cached and uncached numbers).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import math
 import numbers
-import threading
 from typing import Hashable, Mapping, Optional, Sequence
 
 import dp_accounting as dpa
 import numpy as np
 
+from jaxdp._cache import LruCache, clear_caches  # noqa: F401 (clear_caches: re-exported)
 from jaxdp.accounting import events
 
 _rdp = dpa.rdp.rdp_privacy_accountant
@@ -145,51 +144,6 @@ def event_key(event) -> Optional[Hashable]:
     inner = event_key(event.event)
     return None if inner is None else ("SelfComposedDpEvent", inner, event.count)
   return None
-
-
-_ALL_CACHES: list = []
-
-
-class LruCache:
-  """A least-recently-used map bounded by entries and by the bytes its values hold.
-
-  `get` returns None for a missing key (so None values are never cached).
-  Thread-safe: one lock around each operation (values are built outside it,
-  so two threads may build the same value; both are the same numbers).
-  """
-
-  def __init__(self, max_entries: int, max_bytes: float = math.inf):
-    self.max_entries, self.max_bytes = max_entries, max_bytes
-    self._items: collections.OrderedDict = collections.OrderedDict()
-    self._bytes = 0
-    self._lock = threading.Lock()
-    _ALL_CACHES.append(self)  # so that `clear_caches` reaches every one
-
-  def get(self, key):
-    with self._lock:
-      if key not in self._items:
-        return None
-      self._items.move_to_end(key)
-      return self._items[key][0]
-
-  def put(self, key, value, nbytes: int = 0) -> None:
-    if value is None or nbytes > self.max_bytes:
-      return  # a value over the whole budget is not kept at all
-    with self._lock:
-      if key in self._items:
-        self._bytes -= self._items.pop(key)[1]
-      self._items[key] = (value, nbytes)
-      self._bytes += nbytes
-      while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
-        self._bytes -= self._items.popitem(last=False)[1][1]
-
-  def clear(self) -> None:
-    with self._lock:
-      self._items.clear()
-      self._bytes = 0
-
-  def __len__(self) -> int:
-    return len(self._items)
 
 
 def dp_event_rdp(event: dpa.DpEvent, orders: Sequence[float]) -> Optional[np.ndarray]:
@@ -436,12 +390,6 @@ def building_pld():
     raise events.NotApplicableError(
         f"dp-accounting's PLD construction fails on this event ({type(err).__name__}: {err}). Use "
         "method 'rdp' (or 'best', which falls back to it)") from err
-
-
-def clear_caches() -> None:
-  """Empties every `LruCache` of jaxdp.accounting (for tests: cached and uncached numbers agree)."""
-  for cache in _ALL_CACHES:
-    cache.clear()
 
 
 def pld_from_losses(loss_probs: Mapping[float, float], infinity_mass: float, interval: float):
