@@ -7,6 +7,13 @@ Subpackages:
   data        TFDS loaders and offline MNIST / digits.
   sweep       many candidates in one compiled program, a durable pool, a trial simulator.
   tuning      private random search, threshold search, tuning on a subset.
+  audit       empirical lower bounds on the epsilon of a whole search.
+
+`jaxdp.clear_caches()` empties every bounded cache of the package (accounting
+curves and PLDs, compiled programs, shape checks).
 """
 
+from jaxdp._cache import clear_caches
+
 __version__ = "0.1.0"
+__all__ = ["clear_caches", "__version__"]

@@ -48,6 +48,14 @@ class LruCache:
       while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
         self._bytes -= self._items.popitem(last=False)[1][1]
 
+  def get_or_build(self, key, build):
+    """The value at `key`, built by `build()` and kept if missing (entries only, no bytes)."""
+    value = self.get(key)
+    if value is None:
+      value = build()
+      self.put(key, value)
+    return value
+
   def clear(self) -> None:
     with self._lock:
       self._items.clear()

@@ -116,6 +116,16 @@ def _statistic_value(statistic: Statistic, release: Release) -> float:
   return value
 
 
+def _check_statistic(statistic, trials: int, delta: float, confidence: float) -> None:
+  if not callable(statistic):
+    raise ValueError(f"statistic must be a callable Release -> float, got {statistic!r}")
+  if max_certifiable(trials, trials, delta, confidence) <= 0:
+    raise ValueError(f"trials={trials} are too few for confidence={confidence!r} at delta={delta!r}: "
+                     "even a perfect test could not certify epsilon > 0; run more trials")
+  # The same statistic on an empty release first: a non-scalar fails now, not after training.
+  _statistic_value(statistic, Release(None, float("nan"), None))
+
+
 def _run_side(space: SearchSpace, data: Dataset, repetitions, keys, statistic, engine_kwargs,
               bar) -> tuple[np.ndarray, int]:
   draws = [search_lib.draw_search(space, repetitions, k) for k in keys]
@@ -131,6 +141,18 @@ def _run_side(space: SearchSpace, data: Dataset, repetitions, keys, statistic, e
     values.append(_statistic_value(statistic, release))
     bar.update(1)
   return np.asarray(values), len(flat)
+
+
+def _accounted(events: list, delta: float, methods: Sequence[str]) -> dict:
+  """method -> the largest epsilon over the (distinct) events, NaN where the method cannot."""
+  distinct = [e for i, e in enumerate(events) if e not in events[:i]]  # equal unless N matters
+  accounted = {}
+  for m in methods:
+    try:
+      accounted[m] = max(acc.epsilon(e, delta, method=m) for e in distinct)
+    except acc.NotApplicableError:
+      accounted[m] = math.nan  # e.g. no privacy-profile theorem for this law of K
+  return accounted
 
 
 def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
@@ -172,24 +194,12 @@ def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional
   delta = _validate.probability("delta", delta)
   confidence = _validate.probability("confidence", confidence)
   trials = _validate.integer("trials", trials, low=2)
-  if not callable(statistic):
-    raise ValueError(f"statistic must be a callable Release -> float, got {statistic!r}")
-  if max_certifiable(trials, trials, delta, confidence) <= 0:
-    raise ValueError(f"trials={trials} are too few for confidence={confidence!r} at delta={delta!r}: "
-                     "even a perfect test could not certify epsilon > 0; run more trials")
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  # The same statistic on an empty release first: a non-scalar fails now, not after training.
-  _statistic_value(statistic, Release(None, float("nan"), None))
+  _check_statistic(statistic, trials, delta, confidence)
 
   events = [acc.RepeatAndSelect(planning.candidate_event(space, d.num_examples), repetitions)
             for d in (without, with_)]
-  distinct = [e for i, e in enumerate(events) if e not in events[:i]]  # equal unless N matters
-  accounted = {}
-  for m in methods:
-    try:
-      accounted[m] = max(acc.epsilon(e, delta, method=m) for e in distinct)
-    except acc.NotApplicableError:
-      accounted[m] = math.nan  # e.g. no privacy-profile theorem for this law of K
+  accounted = _accounted(events, delta, methods)
   bar = tqdm(total=2 * trials, disable=not progress, desc="audit trials", unit="search")
   sides = []
   trained = 0

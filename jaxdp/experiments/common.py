@@ -27,8 +27,8 @@ def expose_host_devices() -> None:
   """
   if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
     return
-  flag = f"--xla_force_host_platform_device_count={os.cpu_count() or 1}"
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+  from jaxdp.sweep.engine import host_device_flag  # pylint: disable=g-import-not-at-top
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + host_device_flag()).strip()
 
 
 def use_headless_matplotlib() -> None:

@@ -22,11 +22,12 @@ many candidates per device as fit a quarter of its memory.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,20 +36,30 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
 from jaxdp import _validate
+from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
 from jaxdp.sweep.space import Candidate
-from jaxdp.train import trainer as tr
+from jaxdp.train import checks, program
+from jaxdp.train.program import LoopOutput, LoopSpec
+from jaxdp.train.trainer import CandidateResult, device_splits, result_of
+
+# Memory model of one candidate on an accelerator (`auto_candidates_per_device`):
+# float32 parameters, and about 8 parameter-sized float32 buffers around them
+# (parameters, gradient sum, noise, update, two Adam moments, the loop carry's
+# copies), on top of one microbatch of per-example working set.
+_FLOAT_BYTES = 4
+_PARAMETER_COPIES = 8
+_MEMORY_SHARE = 4          # candidates may take a quarter of the device memory
+_UNKNOWN_MEMORY = 8 << 30  # a device that reports no memory limit
+_MAX_PER_DEVICE = 256      # vmapping more buys nothing measurable
 
 
-def _group_key(cand: Candidate, data: Dataset) -> tr.LoopSpec:
-  return tr.LoopSpec.from_config(cand.config, data)
+def _param_shapes(spec: LoopSpec, train) -> list:
+  return jax.tree.leaves(jax.eval_shape(functools.partial(program.init_params, spec),
+                                        jax.random.key(0), train))
 
 
-def _param_shapes(spec: tr.LoopSpec, train) -> list:
-  return jax.tree.leaves(jax.eval_shape(functools.partial(tr.init_params, spec), jax.random.key(0), train))
-
-
-def auto_candidates_per_device(spec: tr.LoopSpec, device: jax.Device, train) -> int:
+def auto_candidates_per_device(spec: LoopSpec, device: jax.Device, train) -> int:
   """How many candidates one device trains at once when the caller does not say.
 
   CPU: 1. Measured with `benchmarks/sweep_throughput.py` (jax 0.10, 2-core
@@ -57,22 +68,20 @@ def auto_candidates_per_device(spec: tr.LoopSpec, device: jax.Device, train) -> 
   parallelism comes from host devices, one candidate each (see the module
   docstring). Other platforms: as many as fit a quarter of the device
   memory, one candidate costing a microbatch of per-example working set
-  (`jaxdp.train.microbatching`) plus parameters and optimizer state.
+  (`jaxdp.train.microbatching`) plus `_PARAMETER_COPIES` of its parameters.
   """
   if device.platform == "cpu":
     return 1
-  shapes = _param_shapes(spec, train)
-  per_example = tr.per_example_bytes(spec, train) or 4 * sum(math.prod(x.shape) for x in shapes)
-  per_candidate = per_example * spec.microbatch_size + 4 * 8 * sum(math.prod(x.shape) for x in shapes)
-  stats = device.memory_stats() or {}
-  budget = stats.get("bytes_limit", 8 << 30) // 4
-  return int(max(1, min(256, budget // max(per_candidate, 1))))
+  size = sum(math.prod(x.shape) for x in _param_shapes(spec, train))
+  per_example = program.per_example_bytes(spec, train) or _FLOAT_BYTES * size
+  per_candidate = per_example * spec.microbatch_size + _FLOAT_BYTES * _PARAMETER_COPIES * size
+  budget = (device.memory_stats() or {}).get("bytes_limit", _UNKNOWN_MEMORY) // _MEMORY_SHARE
+  return int(max(1, min(_MAX_PER_DEVICE, budget // max(per_candidate, 1))))
 
 
-@functools.lru_cache(maxsize=32)
-def _program(spec: tr.LoopSpec, devices: tuple, per_device: int):
+def _build_program(spec: LoopSpec, devices: tuple, per_device: int):
   """The jitted program for one chunk of `per_device * len(devices)` candidates."""
-  run = functools.partial(tr.run_candidate, spec)
+  run = functools.partial(program.run_candidate, spec)
   if per_device == 1:
     # One candidate per device runs the lone program itself: under vmap its
     # while loops and conds would become selects over the candidate axis,
@@ -93,12 +102,59 @@ def _program(spec: tr.LoopSpec, devices: tuple, per_device: int):
   return jax.jit(fn)
 
 
-def _compiled_batch(spec: tr.LoopSpec, devices: tuple, per_device: int, args: tuple):
+_PROGRAMS = LruCache(32)
+
+
+def _compiled_chunk(spec: LoopSpec, devices: tuple, per_device: int, args: tuple):
   """(executable, seconds spent compiling it now: 0.0 when it was cached)."""
-  return tr.compile_cached(_program(spec, devices, per_device), args)
+  jitted = _PROGRAMS.get_or_build((spec, devices, per_device),
+                                  lambda: _build_program(spec, devices, per_device))
+  return program.compile_cached(jitted, args)
 
 
-def _chunk_inputs(candidates, part: list, chunk: int, n: int, spec: tr.LoopSpec, mesh: Mesh):
+@dataclasses.dataclass(frozen=True)
+class _Group:
+  """Candidates (by index) that share one `LoopSpec`, hence one compiled program."""
+  spec: LoopSpec
+  indices: list
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+  """A dispatched chunk: its candidates, its (not yet fetched) outputs, when it left."""
+  indices: list
+  outputs: tuple
+  dispatched: float
+  compile_time_s: float
+
+
+def _check_arguments(candidates, data: Dataset, max_candidates_per_device, devices) -> tuple:
+  """The devices to use, after checking every argument (nothing trains before)."""
+  for c in candidates:
+    if not isinstance(c, Candidate):
+      raise ValueError(f"candidates must be Candidate objects, got {type(c).__name__}")
+  for task in {id(c.config.task): c.config.task for c in candidates}.values():
+    checks.check_data(task, data)
+  if max_candidates_per_device is not None:
+    _validate.integer("max_candidates_per_device", max_candidates_per_device, low=1)
+  devices = tuple(devices) if devices is not None else tuple(jax.devices())
+  if not devices:
+    raise ValueError("devices must not be empty")
+  return devices
+
+
+def _groups(candidates, data: Dataset) -> list:
+  """Candidates grouped by `LoopSpec`, in first-seen order; every group's task is
+  checked against the data before any group trains."""
+  by_spec: dict = {}
+  for i, cand in enumerate(candidates):
+    by_spec.setdefault(LoopSpec.from_config(cand.config, data), []).append(i)
+  for spec in by_spec:
+    checks.check_task(spec, data)
+  return [_Group(spec, indices) for spec, indices in by_spec.items()]
+
+
+def _chunk_inputs(candidates, part: list, chunk: int, n: int, spec: LoopSpec, mesh: Mesh):
   """(plans, traced hyperparameters, keys) of one chunk, sharded over the candidate axis."""
   padded = part + [part[-1]] * (chunk - len(part))  # copies fill the last chunk: one compilation
   configs = [candidates[i].config for i in padded]
@@ -111,11 +167,61 @@ def _chunk_inputs(candidates, part: list, chunk: int, n: int, spec: tr.LoopSpec,
   return jax.device_put((plan, traced, keys), NamedSharding(mesh, P("candidates")))
 
 
+def _dispatch_group(group: _Group, candidates, data: Dataset, splits: tuple, mesh: Mesh,
+                    per_device: int, bar) -> Iterator[_Job]:
+  """Dispatches the group's chunks one by one (asynchronously: each returns at once)."""
+  devices = tuple(mesh.devices.flat)
+  chunk = per_device * len(devices)
+  compile_s = None
+  for start in range(0, len(group.indices), chunk):
+    part = group.indices[start:start + chunk]
+    args = (*_chunk_inputs(candidates, part, chunk, data.num_examples, group.spec, mesh), *splits)
+    if compile_s is None:
+      bar.set_postfix_str("compiling")
+      executable, compile_s = _compiled_chunk(group.spec, devices, per_device, args)
+      bar.set_postfix_str(f"compiled in {compile_s:.1f} s")
+    dispatched = time.perf_counter()
+    yield _Job(part, executable(*args), dispatched, compile_s)
+
+
+class _Collector:
+  """Turns finished jobs into `CandidateResult`s in the input order, and hands each
+  chunk's results to `on_chunk` as soon as they are there."""
+
+  def __init__(self, candidates, num_examples: int, keep_params: bool,
+               on_chunk: Optional[Callable[[list], None]], bar):
+    self.candidates, self.num_examples, self.keep_params = candidates, num_examples, keep_params
+    self.on_chunk, self.bar = on_chunk, bar
+    self.results: list = [None] * len(candidates)
+    self.last_done = time.perf_counter()
+
+  def finish(self, job: _Job) -> None:
+    out, score, test_score, test_loss = job.outputs
+    if not self.keep_params:
+      out = out._replace(params=None)
+    out, score, test_score, test_loss = jax.tree.map(np.asarray, (out, score, test_score, test_loss))
+    now = time.perf_counter()
+    # The chunk's time from when the devices could start it, shared by its candidates.
+    elapsed = (now - max(job.dispatched, self.last_done)) / len(job.indices)
+    self.last_done = now
+    done = []
+    for j, i in enumerate(job.indices):
+      params = jax.tree.map(lambda leaf, j=j: leaf[j], out.params) if self.keep_params else None
+      one = LoopOutput(params=params, steps=out.steps[j], finite=out.finite[j])
+      self.results[i] = result_of(self.candidates[i].config, self.num_examples, one, score[j],
+                                  test_score[j], test_loss[j], elapsed, params=params,
+                                  compile_time_s=job.compile_time_s)
+      done.append((self.candidates[i], self.results[i]))
+    if self.on_chunk is not None:
+      self.on_chunk(done)
+    self.bar.update(len(job.indices))
+
+
 def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
                      max_candidates_per_device: Optional[int] = None,
                      devices: Optional[Sequence[jax.Device]] = None,
                      keep_params: bool = False, progress: bool = False,
-                     on_chunk: Optional[Callable[[list], None]] = None) -> list:
+                     on_chunk: Optional[Callable[[list], None]] = None) -> list[CandidateResult]:
   """Trains every candidate; returns `CandidateResult`s in the input order.
 
   Chunks are dispatched asynchronously: while the devices train one chunk,
@@ -140,74 +246,26 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
     divided by its number of candidates, and `compile_time_s` is the time
     spent compiling its group's program in this call (0.0 if it was cached).
   """
-  for c in candidates:
-    if not isinstance(c, Candidate):
-      raise ValueError(f"candidates must be Candidate objects, got {type(c).__name__}")
-  for task in {id(c.config.task): c.config.task for c in candidates}.values():
-    tr.check_data(task, data)
-  if max_candidates_per_device is not None:
-    _validate.integer("max_candidates_per_device", max_candidates_per_device, low=1)
-  devices = tuple(devices) if devices is not None else tuple(jax.devices())
-  if not devices:
-    raise ValueError("devices must not be empty")
-
-  groups: dict = {}
-  for i, cand in enumerate(candidates):
-    groups.setdefault(_group_key(cand, data), []).append(i)
-  for spec in groups:  # every group's task fits the data before any group trains
-    tr.check_task(spec, data)
-
-  n = data.num_examples
-  results: list = [None] * len(candidates)
-  bar = tqdm(total=len(candidates), disable=not progress, desc="candidates", unit="cand")
+  devices = _check_arguments(candidates, data, max_candidates_per_device, devices)
+  groups = _groups(candidates, data)
   mesh = Mesh(np.array(devices), ("candidates",))
   # Once per call, replicated on every device: no host round-trip per chunk.
-  splits = jax.device_put(tr.device_splits(data), NamedSharding(mesh, P()))
-  pending = None
-  last_done = time.perf_counter()
-
-  def finish(job):
-    nonlocal last_done
-    part, outputs, dispatched, compile_s = job
-    out, score, test_score, test_loss = outputs
-    out = jax.tree.map(np.asarray, out) if keep_params else tr.LoopOutput(
-        params=None, steps=np.asarray(out.steps), finite=np.asarray(out.finite))
-    score, test_score, test_loss = np.asarray(score), np.asarray(test_score), np.asarray(test_loss)
-    now = time.perf_counter()
-    elapsed = (now - max(dispatched, last_done)) / len(part)
-    last_done = now
-    done = []
-    for j, i in enumerate(part):
-      params = jax.tree.map(lambda leaf, j=j: leaf[j], out.params) if keep_params else None
-      one = tr.LoopOutput(params=params, steps=out.steps[j], finite=out.finite[j])
-      results[i] = tr.result_of(candidates[i].config, n, one, score[j], test_score[j], test_loss[j],
-                                elapsed, params=params, compile_time_s=compile_s)
-      done.append((candidates[i], results[i]))
-    if on_chunk is not None:
-      on_chunk(done)
-    bar.update(len(part))
-
-  for g, (spec, idx) in enumerate(groups.items()):
-    per_dev = max_candidates_per_device or auto_candidates_per_device(spec, devices[0], splits[0])
-    per_dev = min(per_dev, math.ceil(len(idx) / len(devices)))
-    chunk = per_dev * len(devices)
-    compile_s = None
-    for start in range(0, len(idx), chunk):
-      part = idx[start:start + chunk]
-      args = (*_chunk_inputs(candidates, part, chunk, n, spec, mesh), *splits)
-      if compile_s is None:
-        bar.set_postfix_str(f"compiling group {g + 1}/{len(groups)}")
-        program, compile_s = _compiled_batch(spec, devices, per_dev, args)
-        bar.set_postfix_str(f"group {g + 1}/{len(groups)} compiled in {compile_s:.1f} s")
-      dispatched = time.perf_counter()
-      outputs = program(*args)  # asynchronous: returns before the devices finish
-      if pending is not None:
-        finish(pending)
-      pending = (part, outputs, dispatched, compile_s)
-  if pending is not None:
-    finish(pending)
-  bar.close()
-  return results
+  splits = jax.device_put(device_splits(data), NamedSharding(mesh, P()))
+  with tqdm(total=len(candidates), disable=not progress, desc="candidates", unit="cand") as bar:
+    collector = _Collector(candidates, data.num_examples, keep_params, on_chunk, bar)
+    pending = None
+    for g, group in enumerate(groups):
+      bar.set_description(f"candidates (group {g + 1}/{len(groups)})")
+      per_device = max_candidates_per_device or auto_candidates_per_device(group.spec, devices[0],
+                                                                            splits[0])
+      per_device = min(per_device, math.ceil(len(group.indices) / len(devices)))
+      for job in _dispatch_group(group, candidates, data, splits, mesh, per_device, bar):
+        if pending is not None:
+          collector.finish(pending)  # the host's work overlaps the job just dispatched
+        pending = job
+    if pending is not None:
+      collector.finish(pending)
+  return collector.results
 
 
 def host_device_flag(n: Optional[int] = None) -> str:

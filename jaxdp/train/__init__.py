@@ -14,7 +14,12 @@
   microbatching  the automatic microbatch size of the per-example path.
   noise        add_gaussian_noise, normalize_by_expected_batch_size (optax).
   sampling     Poisson subsampling with static padded shapes.
-  trainer      TrainConfig, train_candidate and the pure inner loop.
+  config       TrainConfig (a candidate: task, privacy, hyperparameters),
+               ExecutionConfig, epsilon of one run.
+  program      LoopSpec and the pure programs (train loop, scoring, one
+               candidate), compiled once per spec.
+  checks       shape checks of a task against its data, before any work.
+  trainer      train_candidate and its CandidateResult.
 """
 
 from jaxdp.train import presets
@@ -30,19 +35,20 @@ from jaxdp.train.sampling import (default_padded_batch_size, poisson_batch_sum, 
                                   sampled_indices)
 from jaxdp.train.task import (CLIPPING_METHODS, DpScore, HParams, Model, NoisyMean, Task, keep_hparams,
                               scale_learning_rate)
-from jaxdp.train.trainer import (CONFIG_FIELDS, CandidateResult, ExecutionConfig, LoopOutput,
-                                 LoopSpec, NotPrivateWarning, TrainConfig, build_evaluate,
-                                 build_train_loop, check_task, dp_event, epsilon, init_params,
-                                 train_candidate)
+from jaxdp.train.checks import check_task
+from jaxdp.train.config import (CONFIG_FIELDS, EPSILON_METHOD, ExecutionConfig, NotPrivateWarning,
+                                TrainConfig, UncheckedHparamsWarning, epsilon)
+from jaxdp.train.program import LoopOutput, LoopSpec, build_evaluate, build_train_loop, init_params
+from jaxdp.train.trainer import CandidateResult, train_candidate
 
 __all__ = [
     "CLIPPING_METHODS", "CONFIG_FIELDS", "GhostLayer", "GhostSplit", "auto_microbatch_size",
     "ghost_clipped_grad_sum", "ghost_layers", "per_example_bytes", "CandidateResult", "ClipState", "ClippedGrad", "DpScore", "DpSgdPlan",
     "ExecutionConfig", "ExpectedBatchState", "GaussianNoiseState", "HParams", "LoopOutput",
-    "LoopSpec", "Model", "NoisyMean", "NotPrivateWarning", "Task", "TrainConfig",
+    "LoopSpec", "Model", "NoisyMean", "NotPrivateWarning", "Task", "TrainConfig", "UncheckedHparamsWarning",
     "add_gaussian_noise", "build_evaluate", "build_train_loop", "check_task", "clip_factors",
     "clip_per_example", "clip_per_example_l2", "clipped_grad_sum", "default_padded_batch_size",
-    "dp_event", "epsilon", "init_params", "keep_hparams", "normalize_by_expected_batch_size",
+    "EPSILON_METHOD", "epsilon", "init_params", "keep_hparams", "normalize_by_expected_batch_size",
     "per_example_global_norms", "per_example_grads", "poisson_batch_sum", "poisson_mask",
     "presets", "sampled_indices", "scale_learning_rate", "train_candidate", "weighted_sum",
 ]

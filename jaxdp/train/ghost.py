@@ -429,6 +429,23 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
   leaves = jax.tree.leaves(params)
   ghost_idx = {i for c in ghost_calls for i in c.params.values()}
   fallback_idx = [i for i in range(len(leaves)) if i not in ghost_idx]
+  inputs, fallback_grads, cots = _per_example_pieces(loss_fn, leaves, treedef, ghost_calls,
+                                                     fallback_idx, batch)
+  sq_norms, factors = _sq_norms(ghost_calls, inputs, fallback_grads, cots, mask.shape[0])
+  norms = jnp.sqrt(sq_norms)
+  weights = jnp.where(mask, clipping.clip_factors(norms, l2_clip_norm), 0.0)
+  out = list(leaves)
+  if fallback_grads:
+    for i, g in zip(fallback_idx, clipping.weighted_sum(fallback_grads, weights, norms)):
+      out[i] = g
+  _add_ghost_sums(out, ghost_calls, factors, weights)
+  return treedef.unflatten(out), jnp.sum(mask.astype(jnp.float32))
+
+
+def _per_example_pieces(loss_fn: LossFn, leaves: list, treedef, ghost_calls: list, fallback_idx: list,
+                        batch: PyTree) -> tuple:
+  """(each ghost call's inputs, per-example gradients of the fallback leaves, each ghost
+  call's output cotangents), all with the example axis first, from one vmapped backward pass."""
   slot = {c.key: j for j, c in enumerate(ghost_calls)}
 
   def single(fallback_leaves, perturbations, example):
@@ -462,12 +479,15 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
   grad_fn = jax.value_and_grad(single, argnums=(0, 1), has_aux=True)
   (_, inputs), (fallback_grads, cots) = jax.vmap(grad_fn, in_axes=(None, None, 0))(
       [leaves[i] for i in fallback_idx], perturbations, batch)
+  return inputs, fallback_grads, cots
 
-  b = mask.shape[0]
+
+def _sq_norms(ghost_calls: list, inputs: dict, fallback_grads: list, cots: dict, b: int) -> tuple:
+  """(per-example squared gradient norms (b,), (rows, cotangents) per ghost call)."""
   sq_norms = jnp.zeros((b,), jnp.float32)
   if fallback_grads:
     sq_norms = sq_norms + _per_example_sq_norms(fallback_grads)
-  factors = []  # (rows, cotangents) per ghost call
+  factors = []
   for j, call in enumerate(ghost_calls):
     rows = _rows(call, inputs[j])
     g = cots[j].reshape(b, -1, cots[j].shape[-1])
@@ -475,13 +495,11 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
     if "bias" in call.params:
       sq_norms = sq_norms + jnp.sum(jnp.square(jnp.sum(g, axis=1)), axis=1)
     factors.append((rows, g))
-  norms = jnp.sqrt(sq_norms)
-  weights = jnp.where(mask, clipping.clip_factors(norms, l2_clip_norm), 0.0)
+  return sq_norms, factors
 
-  out = list(leaves)
-  if fallback_grads:
-    for i, g in zip(fallback_idx, clipping.weighted_sum(fallback_grads, weights, norms)):
-      out[i] = g
+
+def _add_ghost_sums(out: list, ghost_calls: list, factors: list, weights: jax.Array) -> None:
+  """Writes each ghost call's clipped kernel (and bias) sum into `out`, by book-keeping."""
   keep = (weights > 0)[:, None, None]
   for call, (rows, g) in zip(ghost_calls, factors):
     # where(), not a product, so a dropped row holding inf/NaN adds exactly 0.
@@ -491,7 +509,6 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
     # HIGHEST, as for the norms: each example's summand is then, to float32
     # rounding, the very vector whose norm set its clip factor (TF32 would not be).
     kernel_sum = jnp.einsum("btk,bto->ko", rows, g, precision=_HIGHEST)
-    out[kernel_index] = kernel_sum.reshape(leaves[kernel_index].shape)
+    out[kernel_index] = kernel_sum.reshape(out[kernel_index].shape)
     if "bias" in call.params:
-      out[call.params["bias"]] = jnp.sum(g, axis=(0, 1)).reshape(leaves[call.params["bias"]].shape)
-  return treedef.unflatten(out), jnp.sum(mask.astype(jnp.float32))
+      out[call.params["bias"]] = jnp.sum(g, axis=(0, 1)).reshape(out[call.params["bias"]].shape)

@@ -55,11 +55,18 @@ class Model(NamedTuple):
 
 
 class HParams(Mapping):
-  """Read-only hyperparameter mapping that records which names were read."""
+  """Read-only hyperparameter mapping that records which names were read.
+
+  A name is read by `hp[name]`, `hp.get(name)` or `name in hp`. Iterating
+  (`dict(hp)`, `**hp`, `hp.items()`) sets `enumerated`: the names then reach
+  the factory wholesale, so whether each is used cannot be told
+  (`check_hparams` says so instead of passing silently).
+  """
 
   def __init__(self, values: Mapping[str, Any]):
     self._values = dict(values)
     self.read: set = set()
+    self.enumerated = False
 
   def __getitem__(self, name: str) -> Any:
     self.read.add(name)
@@ -74,7 +81,7 @@ class HParams(Mapping):
     return name in self._values
 
   def __iter__(self) -> Iterator[str]:
-    self.read.update(self._values)
+    self.enumerated = True
     return iter(self._values)
 
   def __len__(self) -> int:

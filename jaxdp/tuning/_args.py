@@ -22,7 +22,7 @@ from jaxdp import accounting as acc
 from jaxdp.data import Dataset
 from jaxdp.sweep.space import SearchSpace
 from jaxdp.train import LoopSpec, TrainConfig, check_task
-from jaxdp.train.trainer import check_data
+from jaxdp.train.checks import check_data
 
 #: Keyword arguments a tuner forwards to `jaxdp.sweep.train_candidates`
 #: (`keep_params` is the tuner's own: it needs the selected model).

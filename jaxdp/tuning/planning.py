@@ -20,7 +20,8 @@ from jaxdp import accounting as acc
 from jaxdp.accounting import inverse
 from jaxdp.data import Dataset
 from jaxdp.sweep.space import SearchSpace
-from jaxdp.train import trainer as tr
+from jaxdp.train.program import LoopSpec
+from jaxdp.train.trainer import score_source
 
 #: The largest noise multiplier `calibrate_noise` tries.
 SIGMA_MAX = 1e3
@@ -153,7 +154,7 @@ def groups_of(space: SearchSpace, data: Dataset) -> tuple:
   """The compiled groups of a grid on `data`, in first-seen order."""
   counts: dict = {}
   for config in space.configs:
-    spec = tr.LoopSpec.from_config(config, data)
+    spec = LoopSpec.from_config(config, data)
     counts[spec] = counts.get(spec, 0) + 1
   return tuple(Group(static=dict(s.static_hparams), traced=s.traced_names, grid_points=c,
                      sampling_prob=s.sampling_prob, steps=s.num_steps,
@@ -173,4 +174,4 @@ def dry_run_report(space: SearchSpace, data: Dataset, repetitions: acc.KDistribu
       noise_multiplier=sigma, groups=groups_of(space, data),
       expected_steps=mean_k * float(steps.mean()),
       expected_gradient_evaluations=mean_k * float(grads.mean()),
-      score_source=tr.score_source(space.base.task))
+      score_source=score_source(space.base.task))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -30,7 +30,7 @@ from jaxdp.sweep.space import Candidate, SearchSpace
 from jaxdp.train import TrainConfig
 from jaxdp.tuning import _args
 from jaxdp.tuning import planning
-from jaxdp.train import trainer as tr
+from jaxdp.train.trainer import score_source
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -87,11 +87,23 @@ class TunedResult:
   noise_multiplier: Optional[float] = None
 
 
-def prepare(config, search_space, data, delta, target_epsilon, outer):
-  """Checks the arguments, calibrates sigma if asked and accounts the search.
+class Prepared(NamedTuple):
+  """What a search knows before it draws or trains anything."""
+  space: SearchSpace
+  data: Dataset
+  event: Any                       # the accounted event of the whole search
+  epsilon: float                   # `acc.epsilon(event, delta, "best")`
+  noise_multiplier: Optional[float]  # the sigma calibrated for `target_epsilon`, or None
 
-  Returns:
-    (space, data, event, epsilon, sigma or None), all before any training.
+
+def prepare(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
+            data: Dataset, *, delta: float, target_epsilon: Optional[float],
+            outer: Callable[[Any], Any]) -> Prepared:
+  """Checks the arguments, calibrates sigma if asked and accounts the search, before any training.
+
+  Args:
+    config, search_space, data, delta, target_epsilon: as in `random_search`.
+    outer: candidate event -> the search's event (e.g. `acc.RepeatAndSelect(_, K)`).
   """
   space = _args.space(config, search_space)
   delta = _args.delta(delta)
@@ -104,8 +116,7 @@ def prepare(config, search_space, data, delta, target_epsilon, outer):
     space = planning.with_noise(space, sigma)
   # Accounted from the configurations that will run, never from the target.
   event = outer(planning.candidate_event(space, data.num_examples))
-  eps = acc.epsilon(event, delta, method="best")
-  return space, data, event, eps, sigma
+  return Prepared(space, data, event, acc.epsilon(event, delta, method="best"), sigma)
 
 
 def draw_search(space: SearchSpace, repetitions: acc.KDistribution, key: jax.Array) -> list:
@@ -184,8 +195,9 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
   key = _args.key(key)
   release_all_scores = _args.flag("release_all_scores", release_all_scores)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  space, data, event, eps, sigma = prepare(config, search_space, data, delta, target_epsilon,
-                                           lambda cand: acc.RepeatAndSelect(cand, repetitions))
+  space, data, event, eps, sigma = prepare(
+      config, search_space, data, delta=delta, target_epsilon=target_epsilon,
+      outer=lambda cand: acc.RepeatAndSelect(cand, repetitions))
   cands = draw_search(space, repetitions, key)
   results = engine.train_candidates(cands, data, keep_params=True, **engine_kwargs) if cands else []
   best = best_index(results)
@@ -197,7 +209,7 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
       score=float(results[best].score) if released else float("nan"),
       num_candidates=len(cands), epsilon=eps, delta=float(delta), event=event,
       all_scores=_release_scores(cands, results, release_all_scores),
-      score_source=tr.score_source(space.base.task), noise_multiplier=sigma)
+      score_source=score_source(space.base.task), noise_multiplier=sigma)
 
 
 def dry_run(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
@@ -212,8 +224,9 @@ def dry_run(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapp
   (E[K] x steps, E[K] x steps x q N per-example gradients). `print` it.
   """
   repetitions = _args.repetitions(repetitions)
-  space, data, event, eps, sigma = prepare(config, search_space, data, delta, target_epsilon,
-                                           lambda cand: acc.RepeatAndSelect(cand, repetitions))
+  space, data, event, eps, sigma = prepare(
+      config, search_space, data, delta=delta, target_epsilon=target_epsilon,
+      outer=lambda cand: acc.RepeatAndSelect(cand, repetitions))
   return planning.dry_run_report(space, data, repetitions, float(delta), event, eps, sigma)
 
 
@@ -251,9 +264,9 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
   release_all_scores = _args.flag("release_all_scores", release_all_scores)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
   space, data, event, eps, sigma = prepare(
-      config, search_space, data, delta, target_epsilon,
-      lambda cand: acc.ThresholdSelect(cand, stop_prob, max_candidates))
-  source = tr.score_source(space.base.task)
+      config, search_space, data, delta=delta, target_epsilon=target_epsilon,
+      outer=lambda cand: acc.ThresholdSelect(cand, stop_prob, max_candidates))
+  source = score_source(space.base.task)
   cands, results = [], []
   j = 0
   while max_candidates is None or j < max_candidates:
@@ -264,11 +277,15 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
     results.append(res)
     j += 1
     if not math.isnan(res.score) and res.score >= threshold:
-      return TunedResult(dict(cand.point), cand.config, res.params, res.score, j, eps, float(delta),
-                         event, all_scores=_release_scores(cands, results, release_all_scores),
-                         score_source=source, noise_multiplier=sigma)
+      return TunedResult(
+          hyperparameters=dict(cand.point), config=cand.config, params=res.params, score=res.score,
+          num_candidates=j, epsilon=eps, delta=float(delta), event=event,
+          all_scores=_release_scores(cands, results, release_all_scores), score_source=source,
+          noise_multiplier=sigma)
     if bool(jax.random.bernoulli(stop_key, stop_prob)):
       break
-  return TunedResult(None, None, None, float("nan"), j, eps, float(delta), event,
-                     all_scores=_release_scores(cands, results, release_all_scores),
-                     score_source=source, noise_multiplier=sigma)
+  return TunedResult(
+      hyperparameters=None, config=None, params=None, score=float("nan"), num_candidates=j,
+      epsilon=eps, delta=float(delta), event=event,
+      all_scores=_release_scores(cands, results, release_all_scores), score_source=source,
+      noise_multiplier=sigma)

@@ -30,7 +30,7 @@ the final run are accounted as `acc.UniformCandidates` over the grid's events
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -222,8 +222,7 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
     A `SubsampledResult`.
 
   Raises:
-    ValueError: bad arguments, or an empty subset / empty final training set
-      (q |X| too small or too large for this data set).
+    ValueError: bad arguments, or q N too small or too large for a subset and a final set.
 
   Example:
     res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data, q=0.2,
@@ -232,6 +231,55 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   """
   # Every argument is checked before the subset is drawn, K is drawn or
   # anything trains, so whether the call fails never depends on the draws.
+  args = _checked(config, search_space, data, q=q, variant=variant, repetitions=repetitions,
+                  key=key, delta=delta, warm_start=warm_start, engine_kwargs=engine_kwargs)
+  subset_key, search_key, final_key = jax.random.split(args.key, 3)
+  mask, final_mask = _draw_subset(args, subset_key)
+  subset = _split(args.data, mask, f"X1, q={args.q:g}", args.m)
+  # Papernot-Steinke random search on X1, with the same key use as `random_search`.
+  space, m, n = args.space, args.m, args.n
+  cands = search_lib.draw_search(space, args.repetitions, search_key)
+  results = (engine.train_candidates(cands, subset, keep_params=True, **args.engine_kwargs)
+             if cands else [])
+  best = search_lib.best_index(results)
+  released = best is not None
+  chosen_point = dict(cands[best].point) if released else dict(space.points[0])
+  chosen = cands[best].config if released else space.configs[0]
+  warm = results[best].params if (args.warm_start and released) else None
+  final_config, factor, final = _final_run(args, chosen, final_mask, final_key, warm)
+
+  spent = sum(_cost(c.config, m) for c in cands) + _cost(final_config, n)
+  mean_cost = float(np.mean([_cost(c, args.data.num_examples) for c in space.configs]))
+  return SubsampledResult(
+      params=final.params, final_config=final_config,
+      tuned_hyperparameters=chosen_point if released else None,
+      final_hyperparameters={name: final_config.value(name) for name in chosen_point},
+      learning_rate_factor=factor, tuned_score=float(results[best].score) if released else float("nan"),
+      test_score=float(final.test_score), num_candidates=len(cands), subset_size=m, final_train_size=n,
+      variant=args.variant, q=args.q, epsilon=args.epsilon, delta=args.delta, event=args.event,
+      gradient_evaluations=spent, baseline_gradient_evaluations=args.repetitions.mean * mean_cost,
+      subset_mask=mask)
+
+
+class _Checked(NamedTuple):
+  """`subsampled_search`'s arguments after every check, and the accounted event."""
+  space: SearchSpace
+  data: Dataset
+  q: float
+  variant: int
+  m: int
+  n: int
+  repetitions: acc.KDistribution
+  key: jax.Array
+  delta: float
+  warm_start: bool
+  engine_kwargs: dict
+  event: Any
+  epsilon: float
+
+
+def _checked(config, search_space, data, *, q, variant, repetitions, key, delta, warm_start,
+             engine_kwargs) -> _Checked:
   space = _args.space(config, search_space)
   data = _args.data(data, space)
   if space.base.task.private_score:
@@ -252,43 +300,32 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
   candidate = planning.candidate_event(space, data.num_examples)
   extrapolate(space.configs[0], 1, 1)  # a task without `extrapolate` fails before any work
-  tune_event = acc.RepeatAndSelect(candidate, repetitions)
   # The final run's DpEvent is the selected candidate's (extrapolation keeps
   # gamma, sigma, T); which candidate is data-dependent, so account the worst.
-  event = acc.SubsampledTuning(tune=tune_event, final=candidate, q=q, variant=variant)
+  event = acc.SubsampledTuning(tune=acc.RepeatAndSelect(candidate, repetitions), final=candidate,
+                               q=q, variant=variant)
   eps = acc.epsilon(event, delta, method="best")  # also fails early on a bad delta
+  return _Checked(space, data, q, variant, m, n, repetitions, key, float(delta), warm_start,
+                  engine_kwargs, event, eps)
 
-  subset_key, search_key, final_key = jax.random.split(key, 3)
-  # Poisson subsampling: each example joins X1 independently w.p. q (KK Alg. 1).
-  mask = np.asarray(jax.random.bernoulli(subset_key, q, (data.num_train_rows,)))
-  final_mask = ~mask if variant == 1 else np.ones_like(mask)
+
+def _final_run(args: _Checked, chosen: TrainConfig, final_mask: np.ndarray, final_key: jax.Array,
+               warm: Any) -> tuple:
+  """(final config, learning-rate factor, result): `chosen` extrapolated from m to n
+  and trained once on X \\ X1 (variant 1) or X (variant 2)."""
+  final_config, factor = extrapolate(chosen, args.m, args.n)
+  final_data = _split(args.data, final_mask, "X \\ X1" if args.variant == 1 else "X", args.n)
+  return final_config, factor, train_candidate(final_config, final_data, final_key,
+                                               initial_params=warm)
+
+
+def _draw_subset(args: _Checked, subset_key: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+  """(X1's mask, the final set's mask): each example joins X1 independently w.p. q (KK Alg. 1)."""
+  rows = args.data.num_train_rows
+  mask = np.asarray(jax.random.bernoulli(subset_key, args.q, (rows,)))
+  final_mask = ~mask if args.variant == 1 else np.ones_like(mask)
   if not mask.any() or not final_mask.any():
     # Probability (1 - q)^rows or q^rows: arrays cannot have zero rows.
-    raise ValueError(f"q={q!r} drew an empty tuning subset or an empty final set from "
-                     f"{data.num_train_rows} rows; use a larger data set or a q further from 0 and 1")
-  subset = _split(data, mask, f"X1, q={q:g}", m)
-
-  # Papernot-Steinke random search on X1, with the same key use as `random_search`.
-  cands = search_lib.draw_search(space, repetitions, search_key)
-  k = len(cands)
-  results = engine.train_candidates(cands, subset, keep_params=True, **engine_kwargs) if k else []
-  best = search_lib.best_index(results)
-  released = best is not None
-  chosen_point = dict(cands[best].point) if released else dict(space.points[0])
-  chosen = cands[best].config if released else space.configs[0]
-
-  final_config, factor = extrapolate(chosen, m, n)
-  final_data = _split(data, final_mask, "X \\ X1" if variant == 1 else "X", n)
-  warm = results[best].params if (warm_start and released) else None
-  final = train_candidate(final_config, final_data, final_key, initial_params=warm)
-
-  spent = sum(_cost(c.config, m) for c in cands) + _cost(final_config, n)
-  mean_cost = float(np.mean([_cost(c, data.num_examples) for c in space.configs]))
-  final_point = {name: final_config.value(name) for name in chosen_point}
-  return SubsampledResult(
-      params=final.params, final_config=final_config,
-      tuned_hyperparameters=chosen_point if released else None, final_hyperparameters=final_point,
-      learning_rate_factor=factor, tuned_score=float(results[best].score) if released else float("nan"),
-      test_score=float(final.test_score), num_candidates=k, subset_size=m, final_train_size=n,
-      variant=variant, q=q, epsilon=eps, delta=float(delta), event=event, gradient_evaluations=spent,
-      baseline_gradient_evaluations=repetitions.mean * mean_cost, subset_mask=mask)
+    raise ValueError(f"q={args.q!r} drew an empty tuning subset or an empty final set from {rows} "
+                     "rows; use a larger data set or a q further from 0 and 1")
+  return mask, final_mask

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxdp.sweep import Candidate, SearchSpace, engine, grid_candidates
-from jaxdp.train import train_candidate
+from jaxdp.train import program, train_candidate
 
 
 def _cands(base_config):
@@ -104,8 +104,8 @@ def test_equal_seeds_at_different_grid_points_draw_independent_noise(digits, bas
   moves = []
   for cand, r in zip(cands, res):
     init_key, _ = jax.random.split(cand.key())
-    spec = engine.tr.LoopSpec.from_config(cand.config, digits)
-    start = engine.tr.init_params(spec, init_key, digits.train)
+    spec = program.LoopSpec.from_config(cand.config, digits)
+    start = program.init_params(spec, init_key, digits.train)
     moves.append(np.concatenate([np.ravel((a - b) / cand.config.hparams["learning_rate"])
                                  for a, b in zip(jax.tree.leaves(r.params), jax.tree.leaves(start))]))
   assert moves[0].size >= 650

@@ -25,7 +25,7 @@ from scipy import stats
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
 from jaxdp.train import Model, NoisyMean, Task, TrainConfig, train_candidate
-from jaxdp.train.trainer import NotPrivateWarning
+from jaxdp.train import NotPrivateWarning
 from tests import exact_release
 
 DELTA = 1e-5

@@ -11,7 +11,7 @@ import pytest
 
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
-from jaxdp.train import LoopSpec, Model, Task, TrainConfig, trainer
+from jaxdp.train import LoopSpec, Model, Task, TrainConfig, program
 
 
 def _init(key, x):
@@ -45,7 +45,7 @@ def _config(**kw):
 def test_dp_event_is_dpsgd_event_of_the_plan():
   cfg = _config()
   want = acc.dpsgd_event(0.05, 1.3, 200)
-  assert cfg.dp_event() == cfg.dp_event(1000) == want == trainer.dp_event(cfg)
+  assert cfg.dp_event() == cfg.dp_event(1000) == want
   plan = cfg.plan(1000)
   assert (plan.l2_clip_norm, plan.noise_multiplier, plan.sampling_prob, plan.num_steps,
           plan.num_examples) == (1.0, 1.3, 0.05, 200, 1000)
@@ -126,7 +126,7 @@ def _noise_setup():
                         "y": rng.normal(size=N).astype(np.float32)}, num_examples=N)
   cfg = _config(sampling_prob=0.5, steps=1, l2_clip_norm=0.5, noise_multiplier=1e4)
   spec = LoopSpec.from_config(cfg, data)
-  params = trainer.init_params(spec, jax.random.key(0), data.train)
+  params = program.init_params(spec, jax.random.key(0), data.train)
   return data, cfg, spec, params
 
 
@@ -139,7 +139,7 @@ def test_noise_std_is_sigma_c_and_vmapped_plans_equal_separate_runs():
                               noise_multiplier=jnp.asarray(sigmas, jnp.float32))
   traced = {"learning_rate": jnp.ones(2, jnp.float32)}
   keys = jax.random.split(jax.random.key(7), 2)
-  loop = trainer.build_train_loop(spec)
+  loop = program.build_train_loop(spec)
   batched = jax.jit(jax.vmap(loop, in_axes=(None, 0, 0, 0, None)))(params, plans, traced, keys,
                                                                    data.train)
   single = jax.jit(loop)

@@ -21,8 +21,9 @@ from dp_accounting import rdp
 
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
-from jaxdp.train import (DpScore, HParams, LoopSpec, Model, NoisyMean, NotPrivateWarning, Task,
-                         TrainConfig, presets, train_candidate, trainer)
+from jaxdp.train import (CONFIG_FIELDS, DpScore, HParams, LoopSpec, Model, NoisyMean,
+                         NotPrivateWarning, Task, TrainConfig, UncheckedHparamsWarning, presets,
+                         program, train_candidate, trainer)
 
 D, N_TRAIN, N_TEST, N_VAL = 5, 64, 24, 400
 
@@ -100,7 +101,7 @@ def _config(task=MLP_TASK, hparams=None, **kw):
   fields = dict(l2_clip_norm=1.0, noise_multiplier=0.5, sampling_prob=0.25, steps=40)
   hparams = dict(hparams or (MLP_HP if task is MLP_TASK else dict(learning_rate=0.5)))
   for name, value in kw.items():
-    (fields if name in trainer.CONFIG_FIELDS + ("execution",) else hparams)[name] = value
+    (fields if name in CONFIG_FIELDS + ("execution",) else hparams)[name] = value
   return TrainConfig(task=task, hparams=hparams, **fields)
 
 
@@ -109,7 +110,7 @@ def no_training(monkeypatch):
   """Fails the test if anything gets as far as compiling a training run."""
   def refuse(spec):
     raise AssertionError(f"training was reached for task {spec.task.name!r}")
-  monkeypatch.setattr(trainer, "_compiled", refuse)
+  monkeypatch.setattr(trainer, "compiled", refuse)
 
 
 # ---------------------------------------------------------------- a user's task
@@ -224,7 +225,7 @@ def test_loop_spec_groups_candidates_by_static_values_only():
   spec = LoopSpec.from_config(cfg, DATA)
   assert spec.static_hparams == (("scale", 0.5), ("schedule", "warmup"), ("warmup", 5), ("width", 8))
   assert spec.traced_names == ("learning_rate", "weight_decay")
-  traced = trainer.traced_hparams(spec, cfg)
+  traced = program.traced_hparams(spec, cfg)
   assert {k: (v.dtype, v.shape) for k, v in traced.items()} == {
       "learning_rate": (jnp.float32, ()), "weight_decay": (jnp.float32, ())}
   np.testing.assert_allclose([traced["learning_rate"], traced["weight_decay"]], [0.1, 0.01])
@@ -234,8 +235,8 @@ def test_loop_spec_groups_candidates_by_static_values_only():
   for change in (dict(width=16), dict(scale=2.0), dict(warmup=6), dict(schedule="constant")):
     assert LoopSpec.from_config(cfg.replace(**change), DATA) != spec, change
   # Inside the loop the factory sees tracers for traced names, Python values for static ones.
-  loop = trainer.build_train_loop(spec)
-  params = jax.eval_shape(functools.partial(trainer.init_params, spec), jax.random.key(0), DATA.train)
+  loop = program.build_train_loop(spec)
+  params = jax.eval_shape(functools.partial(program.init_params, spec), jax.random.key(0), DATA.train)
   jax.eval_shape(loop, params, cfg.plan(N_TRAIN), traced, jax.random.key(1), DATA.train)
   types = task.optimizer.types
   assert issubclass(types["learning_rate"], jax.core.Tracer)
@@ -513,6 +514,24 @@ def test_hparams_mapping_records_reads_and_names_missing_ones():
   assert "b" in hp and hp.read == {"a", "b"}
   with pytest.raises(KeyError, match=r"hyperparameter 'c' is not set; the candidate has \['a', 'b'\]"):
     hp["c"]  # pylint: disable=pointless-statement
+
+
+def test_hparams_iteration_reads_nothing_and_says_so():
+  hp = HParams({"a": 1.0, "b": 2})
+  assert sorted(hp) == ["a", "b"] and hp.read == set() and hp.enumerated
+
+
+def test_a_factory_that_copies_its_hparams_cannot_hide_an_unused_one():
+  # dict(hp) reads every name through the mapping, so jaxdp cannot tell that
+  # `unused` changes nothing: it says so (before, the check passed silently).
+  copying = Task(model=LINEAR, loss=bce, name="copying",
+                 optimizer=lambda hp: optax.sgd(dict(hp)["learning_rate"]))
+  with pytest.warns(UncheckedHparamsWarning, match=r"cannot check that each of \['learning_rate', 'unused'\]"):
+    _config(copying, hparams=dict(learning_rate=0.5, unused=1.0))
+  # Read by name, the same unused name is refused.
+  by_name = Task(model=LINEAR, loss=bce, optimizer=lambda hp: optax.sgd(hp["learning_rate"]), name="named")
+  with pytest.raises(ValueError, match=r"hyperparameter\(s\) \['unused'\] are not read"):
+    _config(by_name, hparams=dict(learning_rate=0.5, unused=1.0))
 
 
 def test_preset_is_an_ordinary_task():

@@ -11,9 +11,10 @@ import pytest
 from dp_accounting import rdp
 
 from jaxdp.data import DataSplit, Dataset
-from jaxdp.train import presets, trainer
-from jaxdp.train.trainer import (CONFIG_FIELDS, ExecutionConfig, NotPrivateWarning, TrainConfig,
-                                 train_candidate)
+import jaxdp
+from jaxdp import accounting as acc
+from jaxdp.train import (CONFIG_FIELDS, EPSILON_METHOD, ExecutionConfig, NotPrivateWarning, TrainConfig,
+                         epsilon, presets, program, train_candidate)
 
 # One task object per class count: a Task compares by identity, so sharing it
 # lets tests share compiled programs.
@@ -44,19 +45,19 @@ def test_dp_event_and_epsilon_match_the_accountant():
   assert cfg.num_steps == 500
   want = dp_accounting.SelfComposedDpEvent(
       dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)), 500)
-  assert cfg.dp_event() == want == trainer.dp_event(cfg)
+  assert cfg.dp_event() == want
   eps = rdp.RdpAccountant().compose(want).get_epsilon(1e-5)
-  assert trainer.epsilon(cfg) == pytest.approx(eps, rel=1e-12)
+  assert epsilon(cfg) == pytest.approx(eps, rel=1e-12)
   assert 0.5 < eps < 5.0
   with pytest.warns(NotPrivateWarning):
-    assert math.isinf(trainer.epsilon(_cfg(noise_multiplier=0.0)))
+    assert math.isinf(epsilon(_cfg(noise_multiplier=0.0)))
 
 
 def test_zero_noise_warns_that_the_run_is_not_private():
   with pytest.warns(NotPrivateWarning, match=r"noise_multiplier=0.*NOT differentially private \(epsilon = inf\)"):
     cfg = _cfg(noise_multiplier=0.0)
   assert issubclass(NotPrivateWarning, UserWarning)  # shown by default, filterable by class
-  assert math.isinf(trainer.epsilon(cfg))
+  assert math.isinf(epsilon(cfg))
   with warnings.catch_warnings():
     warnings.simplefilter("error")  # any positive sigma, however small, is silent
     _cfg(noise_multiplier=1e-3)
@@ -70,11 +71,11 @@ def test_full_batch_without_noise_is_exact_gradient_descent():
   with pytest.warns(NotPrivateWarning):
     cfg = _cfg(sampling_prob=1.0, noise_multiplier=0.0, l2_clip_norm=1e6, steps=3,
                learning_rate=0.3, weight_decay=0.01)
-  spec = trainer.LoopSpec.from_config(cfg, data)
+  spec = program.LoopSpec.from_config(cfg, data)
   assert spec.traced_names == ("learning_rate", "weight_decay")
-  params0 = trainer.init_params(spec, jax.random.key(0), data.train)
-  out = jax.jit(trainer.build_train_loop(spec))(params0, cfg.plan(data.num_examples),
-                                                trainer.traced_hparams(spec, cfg), jax.random.key(1),
+  params0 = program.init_params(spec, jax.random.key(0), data.train)
+  out = jax.jit(program.build_train_loop(spec))(params0, cfg.plan(data.num_examples),
+                                                program.traced_hparams(spec, cfg), jax.random.key(1),
                                                 data.train)
   module = spec.model()
 
@@ -109,19 +110,41 @@ def test_vmapped_inner_loop_equals_separate_runs():
   data = _tiny_dataset()
   # C and sigma are leaves of the DpSgdPlan; learning rate and weight decay traced hparams.
   cfg = _cfg(steps=5, weight_decay=0.0)
-  spec = trainer.LoopSpec.from_config(cfg, data)
-  params = trainer.init_params(spec, jax.random.key(0), data.train)
+  spec = program.LoopSpec.from_config(cfg, data)
+  params = program.init_params(spec, jax.random.key(0), data.train)
   plan = dataclasses.replace(cfg.plan(data.num_examples), l2_clip_norm=jnp.array([0.5, 2.0]),
                              noise_multiplier=jnp.array([0.5, 2.0]))
   hp = dict(learning_rate=jnp.array([0.1, 1.0]), weight_decay=jnp.array([0.0, 0.1]))
   keys = jax.random.split(jax.random.key(3), 2)
-  loop = trainer.build_train_loop(spec)
+  loop = program.build_train_loop(spec)
   batched = jax.jit(jax.vmap(loop, in_axes=(None, 0, 0, 0, None)))(params, plan, hp, keys, data.train)
   for i in range(2):
     single = jax.jit(loop)(params, jax.tree.map(lambda v: v[i], plan),
                            jax.tree.map(lambda v: v[i], hp), keys[i], data.train)
     for a, b in zip(jax.tree.leaves(batched.params), jax.tree.leaves(single.params)):
       np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6)
+
+
+def test_candidate_epsilon_is_accounted_by_jaxdp_accounting_with_its_stated_method():
+  data = _tiny_dataset()
+  cfg = _cfg()
+  result = train_candidate(cfg, data, jax.random.key(5))
+  assert result.epsilon_method == EPSILON_METHOD == "rdp"
+  # The same process: exactly what the package's accounting says for that method.
+  assert result.epsilon == acc.epsilon(cfg.dp_event(data.num_examples), cfg.target_delta,
+                                       method=result.epsilon_method)
+
+
+def test_clear_caches_reaches_the_compiled_programs():
+  data = _tiny_dataset()
+  cfg = _cfg()
+  first = train_candidate(cfg, data, jax.random.key(5))
+  assert train_candidate(cfg, data, jax.random.key(5)).compile_time_s == 0.0  # cached
+  jaxdp.clear_caches()
+  again = train_candidate(cfg, data, jax.random.key(5))
+  assert again.compile_time_s > 0.0  # compiled anew: the trainer's caches were emptied
+  for x, y in zip(jax.tree.leaves(first.params), jax.tree.leaves(again.params)):
+    np.testing.assert_array_equal(x, y)
 
 
 def test_diverging_learning_rate_ends_early_with_nan_score():
@@ -132,7 +155,7 @@ def test_diverging_learning_rate_ends_early_with_nan_score():
   assert result.diverged
   assert math.isnan(result.score) and math.isnan(result.test_score)
   assert result.steps < 200 == result.planned_steps
-  assert result.epsilon == pytest.approx(trainer.epsilon(cfg))  # planned, never less
+  assert result.epsilon == pytest.approx(epsilon(cfg))  # planned, never less
 
 
 def test_overflowing_padding_still_uses_every_sampled_example():

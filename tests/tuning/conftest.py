@@ -34,10 +34,10 @@ def no_work(monkeypatch):
     if "sample" in vars(cls):
       monkeypatch.setattr(cls, "sample", started("K drawn"))
   monkeypatch.setattr(engine, "train_candidates", started("candidates trained"))
-  monkeypatch.setattr(engine, "_compiled_batch", started("a batched program compiled"))
+  monkeypatch.setattr(engine, "_compiled_chunk", started("a batched program compiled"))
   monkeypatch.setattr(subsampled, "train_candidate", started("final model trained"))
   monkeypatch.setattr(trainer, "train_candidate", started("a candidate trained"))
-  monkeypatch.setattr(trainer, "_compiled", started("a candidate program compiled"))
+  monkeypatch.setattr(trainer, "compiled", started("a candidate program compiled"))
   monkeypatch.setattr(subsampled.jax.random, "bernoulli", started("subset drawn"))
 
 

@@ -12,7 +12,7 @@ from scipy import stats
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
 from jaxdp.sweep import SearchSpace
-from jaxdp.train import NoisyMean, trainer
+from jaxdp.train import NoisyMean, program, trainer
 from jaxdp.train.sampling import default_padded_batch_size
 from jaxdp.tuning import dry_run, planning, random_search, subsampled_search, threshold_search
 
@@ -106,7 +106,7 @@ def test_dp_score_reads_the_private_validation_split(dp_config, dp_task, user_co
   # with the candidate's score key; test_score is the public split's accuracy.
   val = user_data.private_validation
   model = dp_task.model_for(dp_config.hparams)
-  expected = dp_task.score(model.apply(res.params, val["x"]), val, trainer.score_key(key))
+  expected = dp_task.score(model.apply(res.params, val["x"]), val, program.score_key(key))
   assert res.score == pytest.approx(float(expected), abs=1e-6)
   test = user_data.test
   # With a DP selection score, the public test score is minus the mean test loss.

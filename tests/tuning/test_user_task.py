@@ -13,7 +13,7 @@ import pytest
 from jaxdp import accounting as acc
 from jaxdp.sweep import (Candidate, ResultPool, SearchSpace, engine, grid_candidates, record_of,
                          run_sweep)
-from jaxdp.train import Task, TrainConfig, scale_learning_rate, train_candidate, trainer
+from jaxdp.train import LoopSpec, Task, TrainConfig, scale_learning_rate, train_candidate, trainer
 from jaxdp.tuning import dry_run, extrapolate, random_search, subsampled_search, threshold_search
 from jaxdp.tuning.planning import groups_of
 
@@ -87,7 +87,7 @@ def test_batched_equals_lone_over_traced_and_static(user_config, user_data, two_
       cands.append(Candidate(point, user_config.replace(**point), seed=10 * i + j))
   batched = engine.train_candidates(cands, user_data, devices=two_devices, max_candidates_per_device=1,
                                     keep_params=True)
-  assert len({engine.tr.LoopSpec.from_config(c.config, user_data) for c in cands}) == 3
+  assert len({LoopSpec.from_config(c.config, user_data) for c in cands}) == 3
   for cand, res in zip(cands, batched):
     alone = train_candidate(cand.config, user_data, cand.key())
     assert res.steps == alone.steps == cand.config.num_steps_for(USER_N)

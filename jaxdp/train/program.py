@@ -1,0 +1,341 @@
+"""The pure programs of one candidate, and their compilation.
+
+`LoopSpec` is everything static about a run (task, static hyperparameters,
+data structure, q, T, padding, microbatch): equal specs share one compiled
+program. `build_train_loop` is a pure, jittable function of (params,
+DpSgdPlan, traced hyperparameters, key, training batch pytree) with every
+shape static, so the sweep engine can `jax.vmap` it over a candidate axis of
+plans, hyperparameters and keys; `run_candidate` is init, train and score as
+the one program lone and batched runs share. Compiled programs and executables
+are kept in bounded `jaxdp._cache.LruCache`s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any, Callable, Mapping, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxdp._cache import LruCache
+from jaxdp.data import Dataset
+from jaxdp.train import microbatching
+from jaxdp.train.config import TrainConfig
+from jaxdp.train.plan import DpSgdPlan
+from jaxdp.train.sampling import default_padded_batch_size, validate_batch_sizes
+from jaxdp.train.task import HParams, Task
+
+PyTree = Any
+
+
+def device_dtype(leaf) -> np.dtype:
+  """The dtype `jnp.asarray(leaf)` will have (float64 -> float32 without x64)."""
+  return jax.dtypes.canonicalize_dtype(leaf.dtype)
+
+
+def abstract(tree: PyTree, rows: Optional[int] = None) -> PyTree:
+  """ShapeDtypeStructs of `tree` as it will be on device (leading axis `rows` if given)."""
+  return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(
+      np.shape(leaf) if rows is None else (rows,) + np.shape(leaf)[1:], device_dtype(leaf)), tree)
+
+
+def structure(tree: PyTree) -> tuple:
+  return (jax.tree.structure(tree),
+          tuple((tuple(np.shape(x)[1:]), str(device_dtype(x))) for x in jax.tree.leaves(tree)))
+
+
+def _hashable_items(task: Task, values: Mapping[str, Any]) -> tuple:
+  items = tuple(sorted(values.items()))
+  try:
+    hash(items)
+  except TypeError:
+    bad = [k for k, v in items if not _is_hashable(v)]
+    raise ValueError(f"static hyperparameter(s) {bad} of task {task.name!r} must be hashable (they "
+                     "key the compiled programs)") from None
+  return items
+
+
+def _is_hashable(value) -> bool:
+  try:
+    hash(value)
+    return True
+  except TypeError:
+    return False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopSpec:
+  """Everything static about the inner loop: equal specs share one compilation.
+
+  Attributes:
+    task: the `Task` (compared by identity).
+    static_hparams: sorted (name, value) pairs of the static hyperparameters.
+    traced_names: names of the traced hyperparameters (vmapped arrays).
+    train_structure: pytree structure, per-example shapes and dtypes of the
+      training data.
+    num_examples: N, the declared (public) training set size.
+    sampling_prob: q.
+    num_steps: planned steps.
+    padded_batch_size: rows on the common path.
+    microbatch_size: rows per per-example-gradient call.
+    eval_batch_size: rows per model call when scoring.
+  """
+  task: Task
+  static_hparams: tuple
+  traced_names: tuple
+  train_structure: tuple
+  num_examples: int
+  sampling_prob: float
+  num_steps: int
+  padded_batch_size: int
+  microbatch_size: int
+  eval_batch_size: int
+
+  @classmethod
+  def from_config(cls, config: TrainConfig, data: Dataset) -> "LoopSpec":
+    """Resolves q, T and the padding/microbatch defaults for `data`."""
+    n = data.num_examples
+    q = config.sampling_prob_for(n)
+    ex = config.execution
+    micro = ex.microbatch_size
+    padded = ex.padded_batch_size
+    static, traced = config.task.split_hparams(config.hparams)
+    static = _hashable_items(config.task, static)
+    # Padding is sized from the rows present (a shape, performance only);
+    # q and T above come from the declared N only.
+    rows = data.num_train_rows
+    if micro is None:
+      fixed = padded is not None
+      padded = padded if fixed else default_padded_batch_size(rows, q)
+      per_example = _per_example_bytes(config.task, static, data.train)
+      if per_example is None:  # the task does not fit the data: check_task will say why
+        micro = padded
+      else:
+        micro = microbatching.auto_microbatch_size(padded, per_example, microbatching.budget_bytes(),
+                                                   divide=fixed)
+        padded = micro * math.ceil(padded / micro)
+    elif padded is None:
+      padded = default_padded_batch_size(rows, q, micro)
+    validate_batch_sizes(padded, micro)
+    return cls(task=config.task, static_hparams=static,
+               traced_names=tuple(sorted(traced)), train_structure=structure(data.train),
+               num_examples=n, sampling_prob=q, num_steps=config.num_steps_for(n),
+               padded_batch_size=padded, microbatch_size=micro, eval_batch_size=ex.eval_batch_size)
+
+  def model(self):
+    """The task's `Model` for this spec's static hyperparameters."""
+    return self.task.model_for(dict(self.static_hparams))
+
+  def hparams(self, traced: Mapping[str, Any]) -> HParams:
+    """All hyperparameters: the static values and the (traced) arrays."""
+    return HParams({**dict(self.static_hparams), **traced})
+
+
+_PER_EXAMPLE_BYTES = LruCache(256)
+
+
+def _per_example_bytes(task: Task, static_hparams: tuple, train: PyTree) -> Optional[int]:
+  """`microbatching.per_example_bytes` of the task on one training example (cached); None
+  if the task cannot be traced on this data."""
+  memo = (task, static_hparams, structure(train))
+  size = _PER_EXAMPLE_BYTES.get(memo)
+  if size is None:
+    example = abstract(train, rows=1)
+    try:
+      model = task.model_for(dict(static_hparams))
+      params = jax.eval_shape(model.init, jax.random.key(0), task.model_inputs(example))
+      size = microbatching.per_example_bytes(task.per_example_loss(model), params, example)
+      if task.clipping == "ghost":  # no per-example copy of the (ghost layers') gradients
+        size = max(1, size - sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)))
+    except Exception:  # pylint: disable=broad-except
+      return None
+    _PER_EXAMPLE_BYTES.put(memo, size)
+  return size
+
+
+def per_example_bytes(spec: LoopSpec, train: PyTree) -> Optional[int]:
+  """Working set of one example's gradient for this spec's task (see `jaxdp.train.microbatching`)."""
+  return _per_example_bytes(spec.task, spec.static_hparams, train)
+
+
+def traced_hparams(spec: LoopSpec, config: TrainConfig) -> dict:
+  """The config's traced hyperparameters as float32 scalars (vmappable)."""
+  return {name: jnp.asarray(config.hparams[name], jnp.float32) for name in spec.traced_names}
+
+
+class LoopOutput(NamedTuple):
+  """Result of the inner loop."""
+  params: PyTree
+  steps: jax.Array      # steps actually run (int32)
+  finite: jax.Array     # False if the parameters became non-finite (diverged)
+
+
+def _first(tree: PyTree) -> PyTree:
+  return jax.tree.map(lambda leaf: leaf[:1], tree)
+
+
+def init_params(spec: LoopSpec, key: jax.Array, train: PyTree) -> PyTree:
+  """Initial parameters: they depend on the key and the inputs' shapes only."""
+  model = spec.model()
+  return model.init(key, spec.task.model_inputs(jax.tree.map(jnp.zeros_like, _first(train))))
+
+
+def _all_finite(tree: PyTree) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]))
+
+
+def _take(tree: PyTree, idx: jax.Array) -> PyTree:
+  return jax.tree.map(lambda leaf: leaf[idx], tree)
+
+
+def build_train_loop(spec: LoopSpec) -> Callable[..., LoopOutput]:
+  """The pure inner DP training loop for `spec` (not jitted; jit or vmap it).
+
+  Returns:
+    loop(params, plan, traced_hparams, key, train) -> LoopOutput. It runs
+    `plan.num_steps` Poisson-sampled DP steps, stopping early only if the
+    parameters become non-finite. `plan` is a `DpSgdPlan` whose static fields
+    equal the spec's; its C and sigma may be traced.
+  """
+  task = spec.task
+  loss = task.per_example_loss(spec.model())
+
+  def loop(params, plan: DpSgdPlan, traced: Mapping[str, jax.Array], key, train) -> LoopOutput:
+    sample_key, noise_key = jax.random.split(key)
+    num_rows = jax.tree.leaves(train)[0].shape[0]  # static; never a normaliser
+    clipped = plan.clipped_grad(loss, method=task.clipping)
+    opt = optax.chain(plan.privatizer(clipped, noise_key), task.optimizer_for(spec.hparams(traced)))
+    opt_state = opt.init(params)
+
+    def body(carry):
+      step, params, opt_state, _ = carry
+      grad_sum, _ = plan.batch_sum(
+          jax.random.fold_in(sample_key, step), lambda idx, valid: clipped(params, _take(train, idx), valid),
+          num_rows=num_rows, padded_batch_size=spec.padded_batch_size,
+          microbatch_size=spec.microbatch_size)
+      updates, opt_state = opt.update(grad_sum, opt_state, params)
+      params = optax.apply_updates(params, updates)
+      return step + 1, params, opt_state, _all_finite(params)
+
+    def cond(carry):
+      step, _, _, finite = carry
+      return (step < plan.num_steps) & finite
+
+    step, params, _, finite = jax.lax.while_loop(
+        cond, body, (jnp.int32(0), params, opt_state, _all_finite(params)))
+    return LoopOutput(params=params, steps=step, finite=finite)
+
+  return loop
+
+
+def build_outputs(spec: LoopSpec) -> Callable[[PyTree, PyTree], Any]:
+  """(params, batch) -> model outputs on every example, in chunks of `eval_batch_size`."""
+  model = spec.model()
+  task = spec.task
+
+  def outputs(params, batch):
+    n = jax.tree.leaves(batch)[0].shape[0]
+    b = min(spec.eval_batch_size, n)
+    chunks = math.ceil(n / b)
+    pad = chunks * b - n
+    inputs = task.model_inputs(batch)
+
+    def chunked(x):
+      x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+      return x.reshape((chunks, b) + x.shape[1:])
+
+    out = jax.lax.map(lambda xb: model.apply(params, xb), jax.tree.map(chunked, inputs))
+    return jax.tree.map(lambda o: o.reshape((chunks * b,) + o.shape[2:])[:n], out)
+
+  return outputs
+
+
+def build_evaluate(spec: LoopSpec) -> Callable[..., tuple[jax.Array, jax.Array]]:
+  """Pure public scoring: (params, test batch) -> (the task's public score, mean loss)."""
+  task = spec.task
+  outputs = build_outputs(spec)
+
+  def evaluate(params, batch):
+    out = outputs(params, batch)
+    losses = task.loss(out, batch)
+    losses = losses[0] if task.has_aux else losses
+    return jnp.asarray(task.public_score(out, batch), jnp.float32), jnp.mean(losses)
+
+  return evaluate
+
+
+def build_private_score(spec: LoopSpec) -> Callable[..., jax.Array]:
+  """Pure DP scoring: (params, private validation batch, key) -> the noisy score."""
+  task = spec.task
+  outputs = build_outputs(spec)
+
+  def score(params, batch, key):
+    return jnp.asarray(task.score(outputs(params, batch), batch, key), jnp.float32)
+
+  return score
+
+
+def score_key(key: jax.Array) -> jax.Array:
+  """The key of a candidate's DP score, independent of its init and loop keys."""
+  return jax.random.fold_in(key, 0x5C0E)
+
+
+def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, validation, params=None):
+  """Init (unless `params`), train, then score: the one program lone and batched runs share.
+
+  Returns:
+    (LoopOutput, score, test score, test loss); the scores are NaN where
+    their split is None.
+  """
+  init_key, loop_key = jax.random.split(key)
+  if params is None:
+    params = init_params(spec, init_key, train)
+  out = build_train_loop(spec)(params, plan, traced, loop_key, train)
+  nan = jnp.float32(jnp.nan)
+  test_score, test_loss = build_evaluate(spec)(out.params, test) if test is not None else (nan, nan)
+  if spec.task.private_score:
+    score = build_private_score(spec)(out.params, validation, score_key(key))
+  else:
+    score = test_score
+  return out, score, test_score, test_loss
+
+
+_PROGRAMS = LruCache(32)
+
+
+def compiled(spec: LoopSpec) -> tuple:
+  """(jitted `init_params`, jitted `run_candidate`) for `spec`: one pair per spec."""
+  return _PROGRAMS.get_or_build(spec, lambda: (jax.jit(functools.partial(init_params, spec)),
+                                               jax.jit(functools.partial(run_candidate, spec))))
+
+
+_EXECUTABLES = LruCache(64)
+
+
+def _signature(args: tuple) -> tuple:
+  leaves, treedef = jax.tree.flatten(args)
+  return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__)),
+                         getattr(x, "sharding", None)) for x in leaves)
+
+
+def compile_cached(jitted, args: tuple):
+  """(`jitted` compiled ahead of time for `args`, seconds spent compiling now).
+
+  Executables are kept per (function, argument shapes, dtypes and
+  shardings); a cached one reports 0.0 seconds.
+  """
+  memo = (jitted, _signature(args))
+  executable = _EXECUTABLES.get(memo)
+  if executable is not None:
+    return executable, 0.0
+  start = time.perf_counter()
+  executable = jitted.lower(*args).compile()
+  seconds = time.perf_counter() - start
+  _EXECUTABLES.put(memo, executable)
+  return executable, seconds
