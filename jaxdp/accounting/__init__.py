@@ -18,7 +18,6 @@ from jaxdp.accounting._dpa import DEFAULT_ORDERS
 from jaxdp.accounting.api import ALL_METHODS
 from jaxdp.accounting.api import BestAccountant
 from jaxdp.accounting.api import delta
-from jaxdp.accounting.api import describe
 from jaxdp.accounting.api import epsilon
 from jaxdp.accounting.api import make_accountant
 from jaxdp.accounting.api import MethodResult
@@ -41,6 +40,7 @@ from jaxdp.accounting.distributions import tail_bound
 from jaxdp.accounting.distributions import tnb_gamma_from_mean
 from jaxdp.accounting.distributions import TruncatedNegativeBinomial
 from jaxdp.accounting.events import ApproxDp
+from jaxdp.accounting.events import describe
 from jaxdp.accounting.events import dpsgd_event
 from jaxdp.accounting.events import dpsgd_steps
 from jaxdp.accounting.events import NotApplicableError

@@ -28,13 +28,14 @@ import contextlib
 import logging
 import math
 import numbers
-from typing import Hashable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import dp_accounting as dpa
 import numpy as np
 
 from jaxdp._cache import LruCache, clear_caches  # noqa: F401 (clear_caches: re-exported)
 from jaxdp.accounting import events
+from jaxdp.accounting.events import event_key  # the key of every cache below
 
 _rdp = dpa.rdp.rdp_privacy_accountant
 _PLD = dpa.pld.privacy_loss_distribution
@@ -122,28 +123,6 @@ class RdpDeltas:
     log_deltas = np.where(self._ckb & (bound < self._kl), bound, self._kl)
     best = log_deltas[np.arange(eps.size), np.argmin(log_deltas, axis=1)]
     return np.array([min(math.exp(v), 1.0) for v in best.tolist()])
-
-
-def event_key(event) -> Optional[Hashable]:
-  """A hashable stand-in for `event`, equal for equal events; None if there is none.
-
-  dp-accounting's events are frozen attrs classes, equal and hashable by
-  value, except `ComposedDpEvent`, which holds a list: it becomes a tagged
-  tuple of its parts' keys (so a composition of the same parts in the same
-  order gets the same key, and nothing else does).
-  """
-  try:
-    hash(event)
-    return event
-  except TypeError:
-    pass
-  if isinstance(event, dpa.ComposedDpEvent):
-    parts = tuple(event_key(e) for e in event.events)
-    return None if any(p is None for p in parts) else ("ComposedDpEvent", parts)
-  if isinstance(event, dpa.SelfComposedDpEvent):
-    inner = event_key(event.event)
-    return None if inner is None else ("SelfComposedDpEvent", inner, event.count)
-  return None
 
 
 def dp_event_rdp(event: dpa.DpEvent, orders: Sequence[float]) -> Optional[np.ndarray]:

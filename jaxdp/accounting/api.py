@@ -48,26 +48,9 @@ def orders_for(event, orders):
   when the event tunes on a subset (Koskela-Kulkarni), else `orders` as given."""
   if not isinstance(event, dpa.DpEvent):
     raise ev.UnsupportedBaseError(f"event: a base must be a dp_accounting.DpEvent, got {event!r}")
-  if _contains(event, ev.SubsampledTuning):
+  if ev.contains(event, ev.SubsampledTuning):
     return subsampled.check_integer_orders(orders)
   return orders
-
-
-def _contains(event, cls) -> bool:
-  if isinstance(event, cls):
-    return True
-  children = []
-  if isinstance(event, dpa.ComposedDpEvent):
-    children = list(event.events)
-  elif isinstance(event, ev.UniformCandidates):
-    children = list(event.candidates)
-  elif isinstance(event, ev.SubsampledTuning):
-    children = [event.tune, event.final]
-  else:
-    for name in ("event", "base"):
-      if isinstance(getattr(event, name, None), dpa.DpEvent):
-        children.append(getattr(event, name))
-  return any(_contains(c, cls) for c in children)
 
 
 def make_accountant(method: str = "best", *, orders: Optional[Sequence[float]] = None,
@@ -192,7 +175,7 @@ def _composed(event, method, orders, allow_refined) -> dpa.PrivacyAccountant:
     able = [m for m in METHODS if m != method and
             make_accountant(m, orders=orders).supports(event)]
     cls = ev.NotApplicableError if able else ev.UnsupportedBaseError
-    raise cls(f"method {method!r} cannot account {describe(err.invalid_event)}: "
+    raise cls(f"method {method!r} cannot account {ev.describe(err.invalid_event)}: "
               f"{err.error_message}. Methods that can: {', '.join(able) if able else 'none'}")
   return acct.compose(event)
 
@@ -314,41 +297,5 @@ def report(event, delta: float, orders: Optional[Sequence[float]] = None,  # pyl
     raise ev.UnsupportedBaseError("no method applies: " + "; ".join(
         f"{r.method}: {r.theorem}" for r in results))
   best = min(valid, key=lambda r: r.epsilon)
-  return Report(describe(event), delta, tuple(results), best.method, best.epsilon, allow_refined)
+  return Report(ev.describe(event), delta, tuple(results), best.method, best.epsilon, allow_refined)
 
-
-def describe(event) -> str:
-  """A readable one-line description of an event."""
-  if isinstance(event, dpa.SelfComposedDpEvent):
-    inner = event.event
-    if isinstance(inner, dpa.PoissonSampledDpEvent) and isinstance(inner.event, dpa.GaussianDpEvent):
-      return (f"DP-SGD(q={inner.sampling_probability:.6g}, sigma={inner.event.noise_multiplier:.6g}, "
-              f"steps={event.count})")
-    return f"{event.count} x [{describe(inner)}]"
-  if isinstance(event, dpa.ComposedDpEvent):
-    return " + ".join(f"[{describe(e)}]" if isinstance(e, dpa.ComposedDpEvent) else describe(e)
-                      for e in event.events) or "nothing"
-  if isinstance(event, dpa.GaussianDpEvent):
-    return f"Gaussian(sigma={event.noise_multiplier:.6g})"
-  if isinstance(event, dpa.PoissonSampledDpEvent):
-    return f"Poisson-sampled(q={event.sampling_probability:.6g}) {describe(event.event)}"
-  if isinstance(event, ev.RepeatAndSelect):
-    return f"best of K ~ {event.distribution!r} runs of {describe(event.base)}"
-  if isinstance(event, ev.RandomStopping):
-    cap = "" if event.max_iterations is None else f", at most {event.max_iterations} runs"
-    return f"random stopping (stop_prob={event.stop_prob:g}{cap}) over {describe(event.base)}"
-  if isinstance(event, ev.ThresholdSelect):
-    cap = "" if event.max_iterations is None else f", at most {event.max_iterations} calls"
-    return f"threshold selection (stop_prob={event.stop_prob:g}{cap}) over {describe(event.base)}"
-  if isinstance(event, ev.UniformCandidates):
-    return "one of {" + ", ".join(describe(c) for c in event.candidates) + "} at random"
-  if isinstance(event, ev.SubsampledTuning):
-    return (f"tuning on a q={event.q:g} subset ({describe(event.tune)}), then final run "
-            f"{describe(event.final)} (variant {event.variant})")
-  if isinstance(event, ev.PureDp):
-    return f"{event.epsilon:g}-DP"
-  if isinstance(event, ev.ApproxDp):
-    return f"({event.epsilon:g}, {event.delta:g})-DP"
-  if isinstance(event, ev.Zcdp):
-    return f"{event.rho:g}-zCDP"
-  return repr(event)

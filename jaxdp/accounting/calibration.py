@@ -81,6 +81,23 @@ def calibrate_noise_grid(sampling_probs, epochs=None, *, steps=None, target_epsi
     >>> float(acc.calibrate_noise_grid(128 / 6000, 40, target_epsilon=1.0, target_delta=1e-5).round(2))
     3.85
   """
+  gammas, lengths, targets = _check_grid(sampling_probs, epochs, steps, target_epsilon)
+  target_delta = _validate.probability("target_delta", target_delta)
+  rtol = _validate.real("rtol", rtol, low=0.0, low_open=True, high=1.0)
+  sigma_max = _validate.real("sigma_max", sigma_max, low=1e-3, low_open=True)
+  orders = list(_dpa.DEFAULT_ORDERS) if orders is None else list(_validate.real_array("orders", orders, low=1.0,
+                                                                                 low_open=True))
+  try:
+    gammas, lengths, targets = np.broadcast_arrays(gammas, lengths, targets)
+  except ValueError:
+    raise ValueError(f"sampling_probs {gammas.shape}, {'steps' if steps is not None else 'epochs'} "
+                     f"{lengths.shape} and target_epsilon {targets.shape} do not broadcast") from None
+  return _noise_per_point(gammas, lengths, targets, steps is not None, target_delta=target_delta,
+                          orders=orders, rtol=rtol, sigma_max=sigma_max)
+
+
+def _check_grid(sampling_probs, epochs, steps, target_epsilon) -> tuple:
+  """(sampling rates, epochs or steps, targets) as validated arrays, not yet broadcast."""
   if (epochs is None) == (steps is None):
     raise ValueError(f"exactly one of epochs and steps must be given, got epochs={epochs!r}, steps={steps!r}")
   gammas = _as_grid_array("sampling_probs", sampling_probs, low=0.0, low_open=True)
@@ -92,27 +109,21 @@ def calibrate_noise_grid(sampling_probs, epochs=None, *, steps=None, target_epsi
       raise ValueError(f"steps must be integers >= 1, got {lengths[lengths != np.floor(lengths)].flat[0]!r}")
   else:
     lengths = _as_grid_array("epochs", epochs, low=0.0, low_open=True)
-  targets = _as_grid_array("target_epsilon", target_epsilon, low=0.0, low_open=True)
-  target_delta = _validate.probability("target_delta", target_delta)
-  rtol = _validate.real("rtol", rtol, low=0.0, low_open=True, high=1.0)
-  sigma_max = _validate.real("sigma_max", sigma_max, low=1e-3, low_open=True)
-  orders = list(_dpa.DEFAULT_ORDERS) if orders is None else list(_validate.real_array("orders", orders, low=1.0,
-                                                                                 low_open=True))
-  try:
-    gammas, lengths, targets = np.broadcast_arrays(gammas, lengths, targets)
-  except ValueError:
-    raise ValueError(f"sampling_probs {gammas.shape}, {'steps' if steps is not None else 'epochs'} "
-                     f"{lengths.shape} and target_epsilon {targets.shape} do not broadcast") from None
+  return gammas, lengths, _as_grid_array("target_epsilon", target_epsilon, low=0.0, low_open=True)
 
+
+def _noise_per_point(gammas, lengths, targets, by_steps: bool, *, target_delta, orders, rtol,
+                     sigma_max) -> np.ndarray:
+  """The calibrated sigma at every point of the (broadcast) grid; equal points are solved once."""
   out = np.empty(gammas.shape, dtype=np.float64)
   cache: dict = {}
   for idx in np.ndindex(gammas.shape):
     gamma, target = float(gammas[idx]), float(targets[idx])
-    num_steps = int(lengths[idx]) if steps is not None else ev.dpsgd_steps(float(lengths[idx]), gamma)
+    num_steps = int(lengths[idx]) if by_steps else ev.dpsgd_steps(float(lengths[idx]), gamma)
     point = (gamma, num_steps, target)
     if point not in cache:
       where = (f"sampling_prob={gamma!r}, steps={num_steps}"
-               + ("" if steps is not None else f" (epochs={float(lengths[idx])!r})"))
+               + ("" if by_steps else f" (epochs={float(lengths[idx])!r})"))
       cache[point] = inverse.noise_for(
           lambda sigma, g=gamma, t=num_steps: ev.dpsgd_event(g, sigma, t), target, target_delta,
           method="rdp", orders=orders, rtol=rtol, sigma_max=sigma_max, where=f" for grid point {where}")

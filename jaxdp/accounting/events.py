@@ -7,8 +7,17 @@ statistics"). Events are plain data: the accountants (`rdp_accountant`,
 `profile_accountant`, `liu_talwar`, `pld_accountant`) turn them into numbers,
 and each says through `supports(event)` whether (and why not) it can.
 
+The event layer is also the one place that knows every event type's shape:
+`KINDS` says, for each of dp-accounting's event types and jaxdp's, which
+fields hold nested events and how it is described. `children`, `describe`,
+`event_key`, `contains` and `is_dp_accounting_only` read it, and the
+accountants walk nested events through them; `tests/accounting/test_events.py`
+fails for an event type missing there or in any accountant.
+
 This module is the bottom of `jaxdp.accounting`: it imports nothing from jaxdp
-but the dependency-free validators, so every other module may import it.
+but the dependency-free validators and the laws of K that selections hold
+(`distributions`, which import only the validators themselves), so every
+other module may import it.
 
 Compatibility contract (dp-accounting's, adopted): an event class and its
 fields are never removed or re-purposed; new fields are optional.
@@ -25,14 +34,16 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
 
 import attr
 import dp_accounting as dpa
 import numpy as np
 
 from jaxdp import _validate
+from jaxdp.accounting import distributions
 
 
 class NotApplicableError(ValueError):
@@ -215,13 +226,6 @@ def dpsgd_event(sampling_prob: float, noise_multiplier: float, iterations: int) 
 # --------------------------------------------------------------------------- selection
 
 
-def check_distribution(distribution) -> None:
-  # Structural check: the K distributions live above this module.
-  if not (callable(getattr(distribution, "pmf", None)) and callable(getattr(distribution, "pgf", None))):
-    raise ValueError(f"distribution must be a jaxdp.accounting K distribution "
-                     f"(Poisson, TruncatedNegativeBinomial, ...), got {distribution!r}")
-
-
 def _check_part(name: str, value) -> None:
   if not isinstance(value, dpa.DpEvent):
     raise UnsupportedBaseError(
@@ -253,11 +257,11 @@ class RepeatAndSelect(dpa.DpEvent):
   """
 
   base: dpa.DpEvent
-  distribution: Any
+  distribution: distributions.KDistribution
 
   def __attrs_post_init__(self):
     _check_part("base", self.base)
-    check_distribution(self.distribution)
+    distributions.check_distribution(self.distribution)
 
   def to_dp_event(self) -> dpa.DpEvent:
     """dp-accounting's own `RepeatAndSelectDpEvent`, where it has one.
@@ -266,8 +270,7 @@ class RepeatAndSelect(dpa.DpEvent):
       ValueError: K is not Poisson (mean >= 1) or truncated negative binomial
         with eta >= 0 (dp-accounting's coverage).
     """
-    shape = getattr(self.distribution, "dp_accounting_shape", None)
-    shape = shape() if callable(shape) else None
+    shape = self.distribution.dp_accounting_shape()
     if shape is None:
       raise ValueError(f"dp-accounting's RepeatAndSelectDpEvent cannot express {self.distribution!r} "
                        "(it covers Poisson with mean >= 1 and truncated negative binomial with eta >= 0)")
@@ -383,19 +386,174 @@ class SubsampledTuning(dpa.DpEvent):
       raise ValueError(f"variant must be 1 or 2, got {self.variant!r}")
 
 
+# --------------------------------------------------------------------------- structure
+
+
+@dataclasses.dataclass(frozen=True)
+class EventKind:
+  """What the event layer knows about one event type.
+
+  Attributes:
+    nested: the names of the fields that hold nested events (one event, or a
+      sequence of them), in the order `children` lists them.
+    describe: a readable one-line description of an event of this type;
+      nested events are described through `describe`.
+  """
+
+  nested: tuple
+  describe: Callable[[Any], str]
+
+
+def _describe_self_composed(event) -> str:
+  inner = event.event
+  if isinstance(inner, dpa.PoissonSampledDpEvent) and isinstance(inner.event, dpa.GaussianDpEvent):
+    return (f"DP-SGD(q={inner.sampling_probability:.6g}, sigma={inner.event.noise_multiplier:.6g}, "
+            f"steps={event.count})")
+  return f"{event.count} x [{describe(inner)}]"
+
+
+def _describe_composed(event) -> str:
+  return " + ".join(f"[{describe(e)}]" if isinstance(e, dpa.ComposedDpEvent) else describe(e)
+                    for e in event.events) or "nothing"
+
+
+def _describe_stopping(name: str, unit: str) -> Callable[[Any], str]:
+  def describe_one(event) -> str:
+    cap = "" if event.max_iterations is None else f", at most {event.max_iterations} {unit}"
+    return f"{name} (stop_prob={event.stop_prob:g}{cap}) over {describe(event.base)}"
+  return describe_one
+
+
+_LEAF = ()
+_EVENT = ("event",)
+_BASE = ("base",)
+
+#: Every event type jaxdp knows: dp-accounting's and its own. A type missing
+#: here has no children, no key (unless hashable) and its repr as description,
+#: and no accountant claims it; test_events.py fails until it is added.
+KINDS: Mapping[type, EventKind] = {
+    # dp-accounting's events.
+    dpa.NoOpDpEvent: EventKind(_LEAF, repr),
+    dpa.NonPrivateDpEvent: EventKind(_LEAF, repr),
+    dpa.UnsupportedDpEvent: EventKind(_LEAF, repr),
+    dpa.GaussianDpEvent: EventKind(_LEAF, lambda e: f"Gaussian(sigma={e.noise_multiplier:.6g})"),
+    dpa.LaplaceDpEvent: EventKind(_LEAF, repr),
+    dpa.dp_event.DiscreteLaplaceDpEvent: EventKind(_LEAF, repr),
+    dpa.dp_event.MixtureOfGaussiansDpEvent: EventKind(_LEAF, repr),
+    dpa.dp_event.RandomizedResponseDpEvent: EventKind(_LEAF, repr),
+    dpa.dp_event.ZCDpEvent: EventKind(_LEAF, repr),
+    dpa.SingleEpochTreeAggregationDpEvent: EventKind(_LEAF, repr),
+    dpa.dp_event.TruncatedSubsampledGaussianDpEvent: EventKind(_LEAF, repr),
+    dpa.PoissonSampledDpEvent: EventKind(
+        _EVENT, lambda e: f"Poisson-sampled(q={e.sampling_probability:.6g}) {describe(e.event)}"),
+    dpa.SampledWithReplacementDpEvent: EventKind(_EVENT, repr),
+    dpa.SampledWithoutReplacementDpEvent: EventKind(_EVENT, repr),
+    dpa.dp_event.RepeatAndSelectDpEvent: EventKind(_EVENT, repr),
+    dpa.SelfComposedDpEvent: EventKind(_EVENT, _describe_self_composed),
+    dpa.ComposedDpEvent: EventKind(("events",), _describe_composed),
+    # jaxdp's events.
+    PureDp: EventKind(_LEAF, lambda e: f"{e.epsilon:g}-DP"),
+    Zcdp: EventKind(_LEAF, lambda e: f"{e.rho:g}-zCDP"),
+    RdpCurve: EventKind(_LEAF, repr),
+    ApproxDp: EventKind(_LEAF, lambda e: f"({e.epsilon:g}, {e.delta:g})-DP"),
+    ReportNoisyMax: EventKind(_LEAF, repr),
+    RepeatAndSelect: EventKind(
+        _BASE, lambda e: f"best of K ~ {e.distribution!r} runs of {describe(e.base)}"),
+    RandomStopping: EventKind(_BASE, _describe_stopping("random stopping", "runs")),
+    ThresholdSelect: EventKind(_BASE, _describe_stopping("threshold selection", "calls")),
+    UniformCandidates: EventKind(
+        ("candidates",), lambda e: "one of {" + ", ".join(describe(c) for c in e.candidates) + "} at random"),
+    SubsampledTuning: EventKind(
+        ("tune", "final"), lambda e: (f"tuning on a q={e.q:g} subset ({describe(e.tune)}), then final run "
+                                      f"{describe(e.final)} (variant {e.variant})")),
+}
+
+#: jaxdp's own event types: every accountant has a rule for each (`base.Accountant`).
+JAXDP_EVENTS: tuple = tuple(cls for cls in KINDS if cls.__module__ == __name__)
+
+
+def lookup(table: Mapping[type, Any], event) -> Any:
+  """`table`'s entry for the type of `event`, or for its nearest base class in `table`; else None.
+
+  Subclasses of an event type are that type to the event layer and the
+  accountants, as they were to the `isinstance` checks this replaces.
+  """
+  for cls in type(event).__mro__:
+    if cls in table:
+      return table[cls]
+  return None
+
+
+def children(event) -> tuple:
+  """The events nested in `event` (the parts of a composition, a selection's base, ...), in order.
+
+  () for a leaf and for a type `KINDS` does not know.
+  """
+  kind = lookup(KINDS, event)
+  if kind is None:
+    return ()
+  out = []
+  for name in kind.nested:
+    value = getattr(event, name)
+    out.extend(value if isinstance(value, (list, tuple)) else (value,))
+  return tuple(out)
+
+
+def describe(event) -> str:
+  """A readable one-line description of an event (its repr if `KINDS` does not know its type)."""
+  kind = lookup(KINDS, event)
+  return repr(event) if kind is None else kind.describe(event)
+
+
+def event_key(event) -> Optional[Hashable]:
+  """A hashable stand-in for `event`, equal exactly for equal events; None if there is none.
+
+  Events are frozen attrs classes, equal and hashable by value, so a hashable
+  event is its own key. One that holds a list (dp-accounting's
+  `ComposedDpEvent` accepts one) or nests such an event becomes a tuple of
+  its type and its fields, nested events by their keys and lists tagged as
+  lists: equal for equal events and for nothing else, so a cache keyed by it
+  returns exactly what a miss computes.
+  """
+  try:
+    hash(event)
+    return event
+  except TypeError:
+    pass
+  kind = lookup(KINDS, event)
+  if kind is None or not attr.has(type(event)):
+    return None
+  try:
+    key = (type(event),) + tuple(_field_key(getattr(event, a.name), a.name in kind.nested)
+                                 for a in attr.fields(type(event)))
+    hash(key)
+  except (TypeError, _NoKey):
+    return None
+  return key
+
+
+class _NoKey(Exception):
+  """A nested event has no key (so neither has the event holding it)."""
+
+
+def _field_key(value, nested: bool) -> Hashable:
+  # A list and a tuple of the same items make unequal events: the tag keeps them apart.
+  if isinstance(value, (list, tuple)):
+    return (type(value), tuple(_field_key(v, nested) for v in value))
+  if not nested:
+    return value
+  key = event_key(value)
+  if key is None:
+    raise _NoKey
+  return key
+
+
+def contains(event, cls) -> bool:
+  """Whether `event` is, or nests at any depth, an event of type `cls`."""
+  return isinstance(event, cls) or any(contains(c, cls) for c in children(event))
+
+
 def is_dp_accounting_only(event) -> bool:
   """True if `event` is built from dp-accounting's own events alone (no jaxdp event inside)."""
-  if isinstance(event, dpa.dp_event.RepeatAndSelectDpEvent):
-    return is_dp_accounting_only(event.event)
-  if isinstance(event, dpa.ComposedDpEvent):
-    return all(is_dp_accounting_only(e) for e in event.events)
-  if isinstance(event, (dpa.SelfComposedDpEvent, dpa.PoissonSampledDpEvent,
-                        dpa.SampledWithoutReplacementDpEvent)):
-    return is_dp_accounting_only(event.event)
-  return isinstance(event, dpa.DpEvent) and type(event).__module__.startswith("dp_accounting")
-
-
-#: jaxdp's one-run guarantees that carry their own formulas.
-PLAIN_GUARANTEES = (PureDp, Zcdp, RdpCurve, ApproxDp, ReportNoisyMax)
-#: jaxdp's selection events (each releases one of several runs).
-SELECTIONS = (RepeatAndSelect, RandomStopping, ThresholdSelect, SubsampledTuning)
+  return (isinstance(event, dpa.DpEvent) and type(event).__module__.startswith("dp_accounting")
+          and all(is_dp_accounting_only(c) for c in children(event)))

@@ -17,7 +17,6 @@ from typing import Callable, Optional, Sequence, Union
 import dp_accounting as dpa
 
 from jaxdp import _validate
-from jaxdp.accounting import _dpa
 from jaxdp.accounting import api
 from jaxdp.accounting import distributions as dist_lib
 from jaxdp.accounting import events as ev
@@ -66,7 +65,7 @@ class _Search:
 
   @staticmethod
   def _key(event, delta: float):
-    key = _dpa.event_key(event)
+    key = ev.event_key(event)
     return None if key is None else (key, delta)
 
   def epsilon(self, event, delta: float) -> float:
@@ -261,7 +260,7 @@ def calibrate_noise(sampling_prob: float, iterations: int,
   rtol = _validate.real("rtol", rtol, low=0.0, low_open=True, high=1.0)
   sigma_max = _validate.real("sigma_max", sigma_max, low=_SIGMA_MIN, low_open=True)
   if distribution is not None:
-    ev.check_distribution(distribution)
+    dist_lib.check_distribution(distribution)
 
   def make(sigma):
     run = ev.dpsgd_event(sampling_prob, sigma, iterations)
@@ -389,4 +388,4 @@ def plan(base, epsilon: float, delta: float, method: str = "best", *,
            else api.epsilon(final, delta, method, allow_refined=allow_refined))
     rows.append(PlanRow(family, float(mean), float(dist.prob_zero),
                         float(dist_lib.expected_quantile(dist)), eps))
-  return Plan(api.describe(base), epsilon, delta, method, single, tuple(rows))
+  return Plan(ev.describe(base), epsilon, delta, method, single, tuple(rows))

@@ -118,15 +118,41 @@ class LiuTalwarAccountant(base.Accountant):
   def get_delta(self, target_epsilon: float) -> float:
     return float(prof_lib.PureDpProfile(self._pure).delta(target_epsilon))
 
-  def _compose_part(self, event, count, do_compose) -> Optional[_Details]:
-    found = self._bound(event)
-    if isinstance(found, _Details):
-      return found
+  def _add(self, eps: float, theorem: str, count: int, do_compose: bool) -> None:
     if do_compose:
-      eps, theorem = found
       self._pure += count * eps
       self._theorems.append(theorem)
     return None
+
+  def _rules(self):
+    return {
+        ev.PureDp: self._pure_dp, ev.ApproxDp: self._approx_dp, dpa.LaplaceDpEvent: self._laplace,
+        ev.Zcdp: self._no_pure, ev.RdpCurve: self._no_pure, ev.ReportNoisyMax: self._no_pure,
+        ev.UniformCandidates: self._candidates,
+        ev.ThresholdSelect: self._threshold,
+        ev.RandomStopping: self._random_stopping,
+        ev.RepeatAndSelect: self._repeat_and_select,
+        ev.SubsampledTuning: self._no_pure,
+    }
+
+  def _no_pure(self, event, count, do_compose) -> _Details:
+    del count, do_compose
+    return _Details(event, f"Liu-Talwar bounds need pure-DP parts; {type(event).__name__} has none")
+
+  _dp_accounting_part = _no_pure
+
+  def _pure_dp(self, event, count, do_compose) -> Optional[_Details]:
+    return self._add(event.epsilon, "single run", count, do_compose)
+
+  def _approx_dp(self, event: ev.ApproxDp, count, do_compose) -> Optional[_Details]:
+    if event.delta > 0.0:
+      return self._no_pure(event, count, do_compose)
+    return self._pure_dp(event, count, do_compose)
+
+  def _laplace(self, event: dpa.LaplaceDpEvent, count, do_compose) -> Optional[_Details]:
+    if event.noise_multiplier <= 0:
+      return self._no_pure(event, count, do_compose)
+    return self._add(1.0 / event.noise_multiplier, "single run", count, do_compose)
 
   def _base_pure(self, base) -> Optional[float]:
     """The smallest pure epsilon of `base` this accountant or the RDP one proves."""
@@ -141,47 +167,43 @@ class LiuTalwarAccountant(base.Accountant):
         found.append(pure)
     return min(found) if found else None
 
-  def _bound(self, event):
-    """(pure epsilon, theorem) of one part, or why not."""
-    if isinstance(event, ev.PureDp) or (isinstance(event, ev.ApproxDp) and event.delta == 0.0):
-      return event.epsilon, "single run"
-    if isinstance(event, dpa.LaplaceDpEvent) and event.noise_multiplier > 0:
-      return 1.0 / event.noise_multiplier, "single run"
-    if isinstance(event, ev.UniformCandidates):
-      parts = [self._base_pure(c) for c in event.candidates]
-      if any(p is None for p in parts):
-        return _Details(event, "a candidate has no pure-DP guarantee")
-      return max(parts), "candidates drawn at random"
-    if isinstance(event, ev.ThresholdSelect):
-      eps1 = self._base_pure(event.base)
-      if eps1 is None:
-        return _Details(event, "Liu-Talwar Thm 3.1 for an (eps, delta)-DP base: delta' is not "
-                               "recoverable from the paper; needs a pure-DP base")
-      gamma, t = event.stop_prob, event.max_iterations
-      if t is None:
-        return 2.0 * eps1, "LT Thm 3.1(b), T = inf: 2 eps1"
-      eps, theorem = t * eps1, "composition of T calls"
-      if t >= 1.0 + 1.0 / (math.e * gamma):
-        lt = 2.0 * eps1 + 2.0 * math.exp(-gamma * t)
-        if lt < eps:
-          eps, theorem = lt, "LT Thm 3.1(b): 2 eps1 + 2 exp(-gamma T)"
-      return eps, theorem
-    if isinstance(event, ev.RandomStopping):
-      event = rdp_accountant.as_repeat_and_select(event)
-    if isinstance(event, ev.RepeatAndSelect):
-      dist = event.distribution
-      is_geom = isinstance(dist, dist_lib.TruncatedNegativeBinomial) and dist.eta == 1.0
-      if not (is_geom or isinstance(dist, dist_lib.CappedGeometric)):
-        return _Details(event, f"Liu-Talwar random stopping needs a geometric K, got {dist!r}")
-      eps1 = self._base_pure(event.base)
-      if eps1 is None:
-        return _Details(event, "Liu-Talwar Thm 3.2 / 3.5 need a pure-DP base (Thm 3.4's "
-                               "(eps, delta) constants are not recoverable); use method 'profile'")
-      eps = pure_selection_epsilon(eps1, dist)
-      theorem = "LT Thm 3.5 via PS Lemma 7, pure limit (numerical)"
-      if is_geom and 3.0 * eps1 <= eps:
-        eps, theorem = 3.0 * eps1, "LT Thm 3.2: 3 eps1"
-      elif is_geom:
-        theorem = "LT Thm 3.2 sharpened by PS Lemma 7, pure limit (numerical)"
-      return eps, theorem
-    return _Details(event, f"Liu-Talwar bounds need pure-DP parts; {type(event).__name__} has none")
+  def _candidates(self, event: ev.UniformCandidates, count, do_compose) -> Optional[_Details]:
+    parts = [self._base_pure(c) for c in event.candidates]
+    if any(p is None for p in parts):
+      return _Details(event, "a candidate has no pure-DP guarantee")
+    return self._add(max(parts), "candidates drawn at random", count, do_compose)
+
+  def _threshold(self, event: ev.ThresholdSelect, count, do_compose) -> Optional[_Details]:
+    eps1 = self._base_pure(event.base)
+    if eps1 is None:
+      return _Details(event, "Liu-Talwar Thm 3.1 for an (eps, delta)-DP base: delta' is not "
+                             "recoverable from the paper; needs a pure-DP base")
+    gamma, t = event.stop_prob, event.max_iterations
+    if t is None:
+      return self._add(2.0 * eps1, "LT Thm 3.1(b), T = inf: 2 eps1", count, do_compose)
+    eps, theorem = t * eps1, "composition of T calls"
+    if t >= 1.0 + 1.0 / (math.e * gamma):
+      lt = 2.0 * eps1 + 2.0 * math.exp(-gamma * t)
+      if lt < eps:
+        eps, theorem = lt, "LT Thm 3.1(b): 2 eps1 + 2 exp(-gamma T)"
+    return self._add(eps, theorem, count, do_compose)
+
+  def _random_stopping(self, event, count, do_compose) -> Optional[_Details]:
+    return self._repeat_and_select(rdp_accountant.as_repeat_and_select(event), count, do_compose)
+
+  def _repeat_and_select(self, event: ev.RepeatAndSelect, count, do_compose) -> Optional[_Details]:
+    dist = event.distribution
+    is_geom = isinstance(dist, dist_lib.TruncatedNegativeBinomial) and dist.eta == 1.0
+    if not (is_geom or isinstance(dist, dist_lib.CappedGeometric)):
+      return _Details(event, f"Liu-Talwar random stopping needs a geometric K, got {dist!r}")
+    eps1 = self._base_pure(event.base)
+    if eps1 is None:
+      return _Details(event, "Liu-Talwar Thm 3.2 / 3.5 need a pure-DP base (Thm 3.4's "
+                             "(eps, delta) constants are not recoverable); use method 'profile'")
+    eps = pure_selection_epsilon(eps1, dist)
+    theorem = "LT Thm 3.5 via PS Lemma 7, pure limit (numerical)"
+    if is_geom and 3.0 * eps1 <= eps:
+      eps, theorem = 3.0 * eps1, "LT Thm 3.2: 3 eps1"
+    elif is_geom:
+      theorem = "LT Thm 3.2 sharpened by PS Lemma 7, pure limit (numerical)"
+    return self._add(eps, theorem, count, do_compose)

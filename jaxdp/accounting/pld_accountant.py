@@ -36,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -75,17 +76,14 @@ _TAIL_TERMS = 256
 
 def _random_selections(event) -> int:
   """How many random-K selections `event` releases (SelfComposed counts multiply)."""
-  if isinstance(event, dpa.ComposedDpEvent):
-    return sum(_random_selections(e) for e in event.events)
-  if isinstance(event, dpa.SelfComposedDpEvent):
-    return event.count * _random_selections(event.event)
   if isinstance(event, (ev.RepeatAndSelect, ev.RandomStopping)):
     sel = rdp_accountant.as_repeat_and_select(event)
     inner = _random_selections(sel.base)
     if isinstance(sel.distribution, dist_lib.Fixed):
       return sel.distribution.k * inner
     return 1 + inner
-  return 0
+  times = event.count if isinstance(event, dpa.SelfComposedDpEvent) else 1
+  return times * sum(_random_selections(c) for c in ev.children(event))
 
 
 def _tails(dist, top: int) -> np.ndarray:
@@ -287,6 +285,7 @@ class PldAccountant(base.Accountant):
                       max_terms=self._max_terms, neighboring_relation=self.neighboring_relation)
 
   def _maybe_compose(self, event, count, do_compose) -> Optional[_Details]:
+    # One law of K: checked on every composition here, before base.Accountant walks into it.
     if isinstance(event, dpa.NoOpDpEvent):
       return None
     if self.neighboring_relation != _ADD_REMOVE:
@@ -299,34 +298,35 @@ class PldAccountant(base.Accountant):
         return _Details(event, f"the composition releases {n_random} random-K selections; the mixture "
                                "bound needs one law of K, so at most one random-K selection per "
                                "composition (Fixed(k) selections may repeat)")
-      for e in event.events:
-        err = self._maybe_compose(e, count, do_compose)
-        if err is not None:
-          return err
-      return None
-    if isinstance(event, dpa.SelfComposedDpEvent):
-      if event.count > 1 and _random_selections(event.event):
-        return _Details(event, f"a random-K selection composed {event.count} times has independent "
-                               "K_1, K_2, ...; the mixture bound here takes one K: compose it once")
-      return self._maybe_compose(event.event, count * event.count, do_compose)
-    if isinstance(event, (ev.RepeatAndSelect, ev.RandomStopping)):
-      sel = rdp_accountant.as_repeat_and_select(event)
-      return self._maybe_compose_selection(sel, event, count, do_compose)
-    if isinstance(event, (ev.PureDp, ev.ApproxDp)):
-      if do_compose and count > 0:
-        self._dp_parts.append((event, count))
-        self._curve_cache = None
-      return None
-    reason = _UNSUPPORTED_REASONS.get(type(event))
-    if reason is not None:
-      return _Details(event, reason)
-    if _dpa.pld_supports(event):
-      if do_compose and count > 0:
-        self._dpa_parts.append(event if count == 1 else dpa.SelfComposedDpEvent(event, count))
-        self._curve_cache = None
-      return None
-    return _Details(event, f"dp-accounting's PLDAccountant does not support {type(event).__name__} "
-                           "and it is not a jaxdp event with a PLD")
+    if isinstance(event, dpa.SelfComposedDpEvent) and event.count > 1 and _random_selections(event.event):
+      return _Details(event, f"a random-K selection composed {event.count} times has independent "
+                             "K_1, K_2, ...; the mixture bound here takes one K: compose it once")
+    return super()._maybe_compose(event, count, do_compose)
+
+  def _rules(self):
+    refusals = {cls: functools.partial(self._refuse, why) for cls, why in _UNSUPPORTED_REASONS.items()}
+    return {**refusals, ev.RepeatAndSelect: self._select, ev.RandomStopping: self._select,
+            ev.PureDp: self._dominating_pair, ev.ApproxDp: self._dominating_pair}
+
+  def _dominating_pair(self, event, count, do_compose) -> Optional[_Details]:
+    """PureDp / ApproxDp: the exact dominating pair of their (eps, delta) guarantee."""
+    if do_compose and count > 0:
+      self._dp_parts.append((event, count))
+      self._curve_cache = None
+    return None
+
+  def _select(self, event, count, do_compose) -> Optional[_Details]:
+    sel = rdp_accountant.as_repeat_and_select(event)
+    return self._maybe_compose_selection(sel, event, count, do_compose)
+
+  def _dp_accounting_part(self, event, count, do_compose) -> Optional[_Details]:
+    if not _dpa.pld_supports(event):
+      return _Details(event, f"dp-accounting's PLDAccountant does not support {type(event).__name__} "
+                             "and it is not a jaxdp event with a PLD")
+    if do_compose and count > 0:
+      self._dpa_parts.append(event if count == 1 else dpa.SelfComposedDpEvent(event, count))
+      self._curve_cache = None
+    return None
 
   def _maybe_compose_selection(self, sel, event, count, do_compose) -> Optional[_Details]:
     dist = sel.distribution

@@ -28,8 +28,9 @@ envelope of its profile.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import dp_accounting as dpa
 import numpy as np
@@ -44,6 +45,15 @@ from jaxdp.accounting import profiles as prof_lib
 from jaxdp.accounting import rdp_accountant
 
 _Details = base.CompositionErrorDetails
+
+
+class _Part(NamedTuple):
+  """One part composed into a `ProfileAccountant`: `leaf()` is its (profile, theorem)."""
+
+  event: dpa.DpEvent
+  count: int
+  leaf: Callable[[], tuple]
+
 #: Points of a jaxdp part's profile turned into its dominating PLD.
 _ENVELOPE_POINTS = 240
 
@@ -80,7 +90,7 @@ class ProfileAccountant(base.Accountant):
     self._orders = rdp_accountant.check_orders(orders)
     self._interval = (None if value_discretization_interval is None else _validate.real(
         "value_discretization_interval", value_discretization_interval, low=0.0, low_open=True))
-    self._parts: list = []  # (event, count) of every part composed so far
+    self._parts: list = []  # a _Part for every part composed so far
     self._cache = None
 
   # ------------------------------------------------------------------ composition
@@ -93,57 +103,102 @@ class ProfileAccountant(base.Accountant):
   def _fresh(self) -> "ProfileAccountant":
     return ProfileAccountant(self.refined, self._orders, self._interval)
 
-  def _compose_part(self, event, count, do_compose) -> Optional[_Details]:
-    err = self._why_not(event)
-    if err is None and do_compose:
-      self._parts.append((event, count))
+  def _keep(self, event, count, do_compose, leaf: Callable[[], tuple]) -> None:
+    """Hold a part this method accounts; `leaf()` gives its (profile, theorem) when the profile is built."""
+    if do_compose:
+      self._parts.append(_Part(event, count, leaf))
       self._cache = None
-    return err
+    return None
 
-  def _why_not(self, event) -> Optional[_Details]:
-    """Why one (non-composed) part has no profile here, or None."""
-    if isinstance(event, (ev.PureDp, ev.ApproxDp, ev.ReportNoisyMax, ev.Zcdp, ev.RdpCurve)):
-      return None
-    if isinstance(event, ev.UniformCandidates):
-      for c in event.candidates:
-        err = self._fresh().unsupported(c)
-        if err is not None:
-          return err
-      return None
-    if isinstance(event, ev.RandomStopping):
-      if event.max_iterations is not None:
-        return _Details(event, "no privacy-profile theorem for a capped geometric K "
-                               "(KRW covers truncated negative binomial, Poisson and binomial)")
-      return self._why_not(rdp_accountant.as_repeat_and_select(event))
-    if isinstance(event, ev.RepeatAndSelect):
-      dist = event.distribution
-      if not ps.has_theorem(dist):
-        return _Details(event, f"no privacy-profile theorem for K ~ {dist!r} (KRW "
-                               "covers truncated negative binomial, Poisson and binomial)")
-      err = self._fresh().unsupported(event.base)
-      if err is None and isinstance(dist, dist_lib.Binomial) and dist.p == 1.0 and dist.n > 1:
-        # Thm 5.7's condition at p = 1 holds only where the base's profile
-        # reaches 0 (`ps.select`); only building that profile tells, and
-        # K ~ Binomial(n, 1) is rare enough to pay for it here.
-        try:
-          pure = self._fresh().compose(event.base).profile().pure_epsilon
-        except ev.NotApplicableError as why:
-          return _Details(event, str(why))
-        if pure is None:
-          return _Details(event, "KRW Thm 5.7 with p = 1 (K = n always) needs delta(eps1) = 0 for "
-                                 "some eps1, a pure-DP base; this base's profile has none")
+  def _rules(self):
+    return {
+        ev.PureDp: self._pure_dp, ev.ApproxDp: self._approx_dp, ev.ReportNoisyMax: self._report_noisy_max,
+        ev.Zcdp: self._rdp_guarantee, ev.RdpCurve: self._rdp_guarantee,
+        ev.UniformCandidates: self._candidates,
+        ev.RandomStopping: self._random_stopping,
+        ev.RepeatAndSelect: self._repeat_and_select,
+        ev.ThresholdSelect: functools.partial(
+            self._refuse, "KRW bounds cover repeat-and-select, not Liu-Talwar's threshold algorithm; "
+                          "see method 'liu-talwar'"),
+        ev.SubsampledTuning: functools.partial(
+            self._refuse, "no privacy-profile theorem for tuning on a subset; Koskela-Kulkarni's "
+                          "bounds are RDP (method 'rdp')"),
+    }
+
+  def _pure_dp(self, event, count, do_compose) -> Optional[_Details]:
+    return self._keep(event, count, do_compose, lambda: (prof_lib.PureDpProfile(event.epsilon), "single run"))
+
+  def _approx_dp(self, event, count, do_compose) -> Optional[_Details]:
+    return self._keep(event, count, do_compose,
+                      lambda: (prof_lib.ApproxDpProfile(event.epsilon, event.delta), "single run"))
+
+  def _report_noisy_max(self, event, count, do_compose) -> Optional[_Details]:
+    def leaf():
+      prof = prof_lib.report_noisy_max_profile(event)
+      return prof, prof.description
+    return self._keep(event, count, do_compose, leaf)
+
+  def _rdp_guarantee(self, event, count, do_compose) -> Optional[_Details]:
+    return self._keep(event, count, do_compose,
+                      lambda: (prof_lib.RdpProfile(self._orders, event.rdp(self._orders)), "single run"))
+
+  def _candidates(self, event: ev.UniformCandidates, count, do_compose) -> Optional[_Details]:
+    for c in event.candidates:
+      err = self._fresh().unsupported(c)
+      if err is not None:
+        return err
+    return self._keep(event, count, do_compose, lambda: (
+        prof_lib.MaxProfile([self.profile_of(c) for c in event.candidates]),
+        "candidates drawn at random (KRW Cor 6.2)"))
+
+  def _random_stopping(self, event: ev.RandomStopping, count, do_compose) -> Optional[_Details]:
+    if event.max_iterations is not None:
+      return _Details(event, "no privacy-profile theorem for a capped geometric K "
+                             "(KRW covers truncated negative binomial, Poisson and binomial)")
+    return self._repeat_and_select(rdp_accountant.as_repeat_and_select(event), count, do_compose)
+
+  def _repeat_and_select(self, event: ev.RepeatAndSelect, count, do_compose) -> Optional[_Details]:
+    dist = event.distribution
+    if not ps.has_theorem(dist):
+      return _Details(event, f"no privacy-profile theorem for K ~ {dist!r} (KRW "
+                             "covers truncated negative binomial, Poisson and binomial)")
+    err = self._fresh().unsupported(event.base)
+    if err is None:
+      err = self._binomial_p_one(event)
+    if err is not None:
       return err
-    if isinstance(event, ev.ThresholdSelect):
-      return _Details(event, "KRW bounds cover repeat-and-select, not Liu-Talwar's threshold "
-                             "algorithm; see method 'liu-talwar'")
-    if isinstance(event, ev.SubsampledTuning):
-      return _Details(event, "no privacy-profile theorem for tuning on a subset; "
-                             "Koskela-Kulkarni's bounds are RDP (method 'rdp')")
-    if isinstance(event, dpa.DpEvent):
-      if _dpa.pld_supports(event) or dpa.rdp.RdpAccountant(list(self._orders)).supports(event):
-        return None
+    return self._keep(event, count, do_compose, lambda: self._selection_profile(event))
+
+  def _binomial_p_one(self, event: ev.RepeatAndSelect) -> Optional[_Details]:
+    """Why KRW Thm 5.7 does not hold for K ~ Binomial(n > 1, 1) over this base, or None."""
+    dist = event.distribution
+    if not (isinstance(dist, dist_lib.Binomial) and dist.p == 1.0 and dist.n > 1):
+      return None
+    # Thm 5.7's condition at p = 1 holds only where the base's profile
+    # reaches 0 (`ps.select`); only building that profile tells, and
+    # K ~ Binomial(n, 1) is rare enough to pay for it here.
+    try:
+      pure = self._fresh().compose(event.base).profile().pure_epsilon
+    except ev.NotApplicableError as why:
+      return _Details(event, str(why))
+    if pure is None:
+      return _Details(event, "KRW Thm 5.7 with p = 1 (K = n always) needs delta(eps1) = 0 for "
+                             "some eps1, a pure-DP base; this base's profile has none")
+    return None
+
+  def _selection_profile(self, event: ev.RepeatAndSelect) -> tuple[prof_lib.PrivacyProfile, str]:
+    inner = self._fresh().compose(event.base)
+    prof, theorem, _, _ = ps.select(inner.profile(), event.distribution, self.refined)
+    base = inner.theorem if inner.theorem != "single run" else inner.profile().description
+    return prof, f"{theorem} on [{base}]"
+
+  def _dp_accounting_part(self, event, count, do_compose) -> Optional[_Details]:
+    if not (_dpa.pld_supports(event) or dpa.rdp.RdpAccountant(list(self._orders)).supports(event)):
       return _Details(event, "neither dp-accounting's PLD nor its RDP accountant supports this event")
-    return _Details(event, f"not a DpEvent: {event!r}")
+    return self._keep(event, count, do_compose, self._dp_leaf(event))
+
+  def _dp_leaf(self, event) -> Callable[[], tuple]:
+    return lambda: (_dp_event_profile(event, self._orders, self._interval), "single run")
 
   # ------------------------------------------------------------------ profiles
 
@@ -152,29 +207,6 @@ class ProfileAccountant(base.Accountant):
     sub = self._fresh()
     sub.compose(event)
     return sub.profile()
-
-  def _leaf(self, event) -> tuple[prof_lib.PrivacyProfile, str]:
-    """(profile, theorem) of one non-composed part."""
-    if isinstance(event, ev.PureDp):
-      return prof_lib.PureDpProfile(event.epsilon), "single run"
-    if isinstance(event, ev.ApproxDp):
-      return prof_lib.ApproxDpProfile(event.epsilon, event.delta), "single run"
-    if isinstance(event, ev.ReportNoisyMax):
-      prof = prof_lib.report_noisy_max_profile(event)
-      return prof, prof.description
-    if isinstance(event, (ev.Zcdp, ev.RdpCurve)):
-      return prof_lib.RdpProfile(self._orders, event.rdp(self._orders)), "single run"
-    if isinstance(event, ev.UniformCandidates):
-      return (prof_lib.MaxProfile([self.profile_of(c) for c in event.candidates]),
-              "candidates drawn at random (KRW Cor 6.2)")
-    if isinstance(event, ev.RandomStopping):
-      return self._leaf(rdp_accountant.as_repeat_and_select(event))
-    if isinstance(event, ev.RepeatAndSelect):
-      inner = self._fresh().compose(event.base)
-      prof, theorem, _, _ = ps.select(inner.profile(), event.distribution, self.refined)
-      base = inner.theorem if inner.theorem != "single run" else inner.profile().description
-      return prof, f"{theorem} on [{base}]"
-    return _dp_event_profile(event, self._orders, self._interval), "single run"
 
   def profile(self) -> prof_lib.PrivacyProfile:
     """A profile upper-bounding everything composed so far."""
@@ -192,23 +224,24 @@ class ProfileAccountant(base.Accountant):
   def _build(self):
     if not self._parts:
       return prof_lib.ApproxDpProfile(0.0, 0.0), "nothing composed"
-    if len(self._parts) == 1 and self._parts[0][1] == 1:
-      return self._leaf(self._parts[0][0])
+    if len(self._parts) == 1 and self._parts[0].count == 1:
+      return self._parts[0].leaf()
     # Several parts: compose privacy-loss distributions.
-    dpa_parts = [dpa.SelfComposedDpEvent(e, c) for e, c in self._parts if ev.is_dp_accounting_only(e)]
-    ours = [(e, c) for e, c in self._parts if not ev.is_dp_accounting_only(e)]
+    dpa_parts = [dpa.SelfComposedDpEvent(p.event, p.count) for p in self._parts
+                 if ev.is_dp_accounting_only(p.event)]
+    ours = [(p.leaf, p.count) for p in self._parts if not ev.is_dp_accounting_only(p.event)]
     no_pld = [e for e in dpa_parts if not _dpa.pld_supports(e)]
     if no_pld:
       rdp = rdp_accountant.RdpSelectionAccountant(self._orders)
-      if all(rdp.supports(e) for e, _ in self._parts):
+      if all(rdp.supports(p.event) for p in self._parts):
         # Only an RDP curve for some dp-accounting part: compose everything by RDP.
         return _rdp_profile(self._parts, self._orders), "composition by RDP (no PLD for a part)"
       # Another part has no RDP curve (an (eps, delta)-DP guarantee), so RDP
       # cannot compose them all: the parts without a PLD enter through the
       # envelope of their profile (the RDP conversion), like jaxdp's parts.
       dpa_parts = [e for e in dpa_parts if _dpa.pld_supports(e)]
-      ours += [(e, 1) for e in no_pld]
-    leaves = [(self._leaf(event), count) for event, count in ours]
+      ours += [(self._dp_leaf(e), 1) for e in no_pld]
+    leaves = [(leaf(), count) for leaf, count in ours]
     tops = [_envelope_top(prof) for (prof, _), _ in leaves]
     if any(prof.delta(top) >= 1.0 for ((prof, _), _), top in zip(leaves, tops)):
       # A part with no claim at all (delta = 1 everywhere, e.g. a non-private
@@ -302,7 +335,7 @@ def _gaussian_mu(event) -> Optional[float]:
 
 def _dp_event_profile(event, orders, interval) -> prof_lib.PrivacyProfile:
   orders = tuple(float(o) for o in orders)
-  key = _dpa.event_key(event)
+  key = ev.event_key(event)
   key = None if key is None else (key, orders, interval)
   found = None if key is None else _profile_cache.get(key)
   if found is None:
@@ -312,7 +345,7 @@ def _dp_event_profile(event, orders, interval) -> prof_lib.PrivacyProfile:
   return found
 
 
-# Keyed by value (`_dpa.event_key`): the profile depends on the event, the
+# Keyed by value (`events.event_key`): the profile depends on the event, the
 # orders and the discretisation only, and profiles are never modified after
 # construction. Searches (max_mean, calibration, plan) ask for the same base's
 # profile dozens of times, and its PLD costs ~0.15 s for DP-SGD on MNIST. A
@@ -337,8 +370,8 @@ def _build_dp_event_profile(event, orders, interval) -> prof_lib.PrivacyProfile:
 
 def _rdp_profile(parts, orders) -> prof_lib.PrivacyProfile:
   acct = rdp_accountant.RdpSelectionAccountant(orders)
-  for event, count in parts:
-    acct.compose(event, count)
+  for part in parts:
+    acct.compose(part.event, part.count)
   return prof_lib.RdpProfile(acct.orders, acct.rdp, acct.pure_epsilon)
 
 

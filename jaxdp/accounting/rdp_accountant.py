@@ -151,63 +151,84 @@ class RdpSelectionAccountant(base.Accountant):
     self._pure = None if (self._pure is None or pure is None) else self._pure + count * pure
     self._theorems.append(theorem)
 
-  def _compose_part(self, event, count, do_compose) -> Optional[_Details]:
-    if isinstance(event, ev.ApproxDp) and event.delta > 0:
+  def _rules(self):
+    return {
+        ev.PureDp: self._pure_dp, ev.ApproxDp: self._approx_dp,
+        ev.Zcdp: self._rdp_guarantee, ev.RdpCurve: self._rdp_guarantee, ev.ReportNoisyMax: self._rdp_guarantee,
+        ev.UniformCandidates: self._candidates,
+        ev.RandomStopping: self._random_stopping,
+        ev.RepeatAndSelect: self._repeat_and_select,
+        ev.ThresholdSelect: self._threshold,
+        ev.SubsampledTuning: self._subsampled_tuning,
+        dpa.NonPrivateDpEvent: self._non_private,
+    }
+
+  def _pure_dp(self, event, count, do_compose) -> Optional[_Details]:
+    if do_compose:
+      self._add(event.rdp(self._orders), event.epsilon, "single run", count)
+    return None
+
+  def _approx_dp(self, event: ev.ApproxDp, count, do_compose) -> Optional[_Details]:
+    if event.delta > 0:
       return _Details(event, "an (eps, delta)-DP guarantee with delta > 0 bounds no Renyi "
                              "divergence; use method 'profile' or 'pld'")
-    if isinstance(event, ev.PLAIN_GUARANTEES):
-      if do_compose:
-        pure = event.epsilon if isinstance(event, (ev.PureDp, ev.ApproxDp)) else None
-        self._add(event.rdp(self._orders), pure, "single run", count)
-      return None
-    if isinstance(event, ev.UniformCandidates):
-      for c in event.candidates:
-        err = self._maybe_compose(c, 1, False)
-        if err is not None:
-          return err
-      if do_compose:  # KK Lemma 1: the pointwise worst candidate
-        parts = [self._single(c) for c in event.candidates]
-        pures = [p for _, p, _ in parts]
-        self._add(np.max([r for r, _, _ in parts], axis=0),
-                  None if any(p is None for p in pures) else max(pures),
-                  "candidates drawn at random (KK Lemma 1)", count)
-      return None
-    if isinstance(event, ev.RandomStopping):
-      return self._maybe_compose(as_repeat_and_select(event), count, do_compose)
-    if isinstance(event, ev.RepeatAndSelect):
-      err = self._maybe_compose(event.base, 1, False)
+    return self._pure_dp(event, count, do_compose)
+
+  def _rdp_guarantee(self, event, count, do_compose) -> Optional[_Details]:
+    """A guarantee with its own RDP curve (`event.rdp`) and no pure epsilon."""
+    if do_compose:
+      self._add(event.rdp(self._orders), None, "single run", count)
+    return None
+
+  def _candidates(self, event: ev.UniformCandidates, count, do_compose) -> Optional[_Details]:
+    for c in event.candidates:
+      err = self._maybe_compose(c, 1, False)
       if err is not None:
         return err
-      if do_compose:
-        rdp, pure, inner = self._single(event.base)
-        curve, pure_out, theorem = self._select(rdp, pure, event)
-        self._add(curve, pure_out, theorem if inner == "single run" else f"{theorem} on [{inner}]", count)
-      return None
-    if isinstance(event, ev.ThresholdSelect):
-      return self._threshold(event, count, do_compose)
-    if isinstance(event, ev.SubsampledTuning):
-      for part in (event.tune.base, event.final):
-        err = self._maybe_compose(part, 1, False)
-        if err is not None:
-          return err
-      if do_compose:
-        curve, theorem = self._subsampled(event)
-        self._add(curve, None, theorem, count)
-      return None
-    if isinstance(event, dpa.NonPrivateDpEvent):
-      if do_compose:
-        self._add(np.full_like(self._orders, np.inf), None, "non-private", count)
-      return None
-    if isinstance(event, ev.SELECTIONS + ev.PLAIN_GUARANTEES + (ev.UniformCandidates,)):
-      return _Details(event, f"method {self.method!r} does not handle {type(event).__name__}")
+    if do_compose:  # KK Lemma 1: the pointwise worst candidate
+      parts = [self._single(c) for c in event.candidates]
+      pures = [p for _, p, _ in parts]
+      self._add(np.max([r for r, _, _ in parts], axis=0),
+                None if any(p is None for p in pures) else max(pures),
+                "candidates drawn at random (KK Lemma 1)", count)
+    return None
+
+  def _random_stopping(self, event, count, do_compose) -> Optional[_Details]:
+    return self._maybe_compose(as_repeat_and_select(event), count, do_compose)
+
+  def _repeat_and_select(self, event: ev.RepeatAndSelect, count, do_compose) -> Optional[_Details]:
+    err = self._maybe_compose(event.base, 1, False)
+    if err is not None:
+      return err
+    if do_compose:
+      rdp, pure, inner = self._single(event.base)
+      curve, pure_out, theorem = self._select(rdp, pure, event)
+      self._add(curve, pure_out, theorem if inner == "single run" else f"{theorem} on [{inner}]", count)
+    return None
+
+  def _subsampled_tuning(self, event: ev.SubsampledTuning, count, do_compose) -> Optional[_Details]:
+    for part in (event.tune.base, event.final):
+      err = self._maybe_compose(part, 1, False)
+      if err is not None:
+        return err
+    if do_compose:
+      curve, theorem = self._subsampled(event)
+      self._add(curve, None, theorem, count)
+    return None
+
+  def _non_private(self, event, count, do_compose) -> Optional[_Details]:
+    del event
+    if do_compose:
+      self._add(np.full_like(self._orders, np.inf), None, "non-private", count)
+    return None
+
+  def _dp_accounting_part(self, event, count, do_compose) -> Optional[_Details]:
     # Any other dp-accounting event: dp-accounting's own RDP accountant.
-    if isinstance(event, dpa.DpEvent):
-      if not dpa.rdp.RdpAccountant(list(self._orders)).supports(event):
-        return _Details(event, "dp-accounting's RdpAccountant cannot account this event")
-      if do_compose:
-        self._add(_dpa.dp_event_rdp(event, self._orders), _laplace_pure(event), "single run", count)
-      return None
-    return _Details(event, f"not a DpEvent: {event!r}")
+    if not dpa.rdp.RdpAccountant(list(self._orders)).supports(event):
+      return _Details(event, "dp-accounting's RdpAccountant cannot account this event")
+    if do_compose:
+      self._add(_dpa.dp_event_rdp(event, self._orders), _laplace_pure(event), "single run", count)
+    return None
 
   def _threshold(self, event, count, do_compose):
     del count, do_compose

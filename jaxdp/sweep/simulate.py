@@ -123,7 +123,7 @@ def simulate(table: PoolTable, distribution: dist_lib.KDistribution, n_trials: i
   Returns:
     A `SimulationResult`.
   """
-  dist_lib._check_dist(distribution)  # pylint: disable=protected-access
+  dist_lib.check_distribution(distribution)
   n_trials = _validate.integer("n_trials", n_trials, low=1)
   fallback = _validate.real("fallback", fallback)
   if not isinstance(rng, np.random.Generator):

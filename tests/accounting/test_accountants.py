@@ -340,7 +340,15 @@ def _imports(path: pathlib.Path) -> set:
 def test_no_import_cycle_and_events_at_the_bottom():
   graph = {p.stem: {i.rsplit(".", 1)[-1] for i in _imports(p) if i.startswith("jaxdp.accounting.")}
            for p in _PKG.glob("*.py") if p.stem != "__init__"}
-  assert _imports(_PKG / "events.py") <= {"jaxdp._validate"}  # nothing else from jaxdp
+  # The event layer imports nothing from jaxdp but the validators and the laws
+  # of K its selections hold, and those import nothing but the validators and
+  # the package's one cache type (both free of dependencies).
+  laws = {"jaxdp.accounting.distributions", "jaxdp.accounting.kdistribution",
+          "jaxdp.accounting.negative_binomial"}
+  assert _imports(_PKG / "events.py") <= {"jaxdp._validate", "jaxdp.accounting.distributions"}
+  for law in laws:
+    assert _imports(_PKG / f"{law.rsplit('.', 1)[-1]}.py") <= {"jaxdp._validate", "jaxdp._cache"} | laws, law
+  assert _imports(_PKG.parent / "_cache.py") == set()
   state = {}
 
   def visit(node, stack):
