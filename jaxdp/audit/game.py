@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -31,10 +32,9 @@ from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.audit.estimate import EpsilonLowerBound, epsilon_lower_bound, max_certifiable
 from jaxdp.data import Dataset
-from jaxdp.sweep import engine
 from jaxdp.sweep.space import SearchSpace
 from jaxdp.train import TrainConfig
-from jaxdp.tuning import _args, planning
+from jaxdp.tuning import _args, durable, planning
 from jaxdp.tuning import search as search_lib
 
 
@@ -126,11 +126,13 @@ def _check_statistic(statistic, trials: int, delta: float, confidence: float) ->
   _statistic_value(statistic, Release(None, float("nan"), None))
 
 
-def _run_side(space: SearchSpace, data: Dataset, repetitions, keys, statistic, engine_kwargs,
-              bar) -> tuple[np.ndarray, int]:
+def _run_side(space: SearchSpace, data: Dataset, repetitions, side: int, key: jax.Array, trials: int,
+              statistic, store: durable.CandidateStore, bar) -> tuple[np.ndarray, int]:
+  """The statistics of `trials` whole searches on `data`; trial t draws with fold_in(key, 2t + side)."""
+  keys = [jax.random.fold_in(key, 2 * t + side) for t in range(trials)]
   draws = [search_lib.draw_search(space, repetitions, k) for k in keys]
   flat = [c for cands in draws for c in cands]
-  results = engine.train_candidates(flat, data, keep_params=True, **engine_kwargs) if flat else []
+  results = store.train(flat)
   values, start = [], 0
   for cands in draws:
     mine = results[start:start + len(cands)]
@@ -159,7 +161,8 @@ def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional
                  without: Dataset, with_: Dataset, *, repetitions: acc.KDistribution,
                  statistic: Statistic, trials: int, key: jax.Array, delta: float = 1e-5,
                  confidence: float = 0.95, methods: Sequence[str] = ("rdp", "profile", "best"),
-                 progress: bool = False, **engine_kwargs) -> AuditResult:
+                 progress: bool = False, run_dir: Optional[str] = None,
+                 trainer: Optional[durable.Trainer] = None, **engine_kwargs) -> AuditResult:
   """Audits `random_search(config, search_space, ·, repetitions=...)` on D = `without`, D' = `with_`.
 
   Args:
@@ -175,40 +178,41 @@ def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional
     confidence: level of the lower bound, in (0, 1).
     methods: accounting methods to report.
     progress: progress bar over trials.
+    run_dir, trainer: as in `jaxdp.tuning.random_search`; the sides keep their
+      candidates in `<run_dir>/D` and `<run_dir>/D_prime`.
     **engine_kwargs: `devices`, `max_candidates_per_device`.
 
   Returns:
     An `AuditResult`.
 
   Raises:
-    ValueError: any bad argument (too few trials for `confidence`, a delta
-      outside (0, 1), a statistic that is not a scalar, data the task cannot
-      use), before or at the first release, never after a long run.
+    ValueError: any bad argument (too few trials for `confidence`, a delta outside (0, 1), a
+      non-scalar statistic, data the task cannot use), by the first release at the latest.
   """
   started = time.perf_counter()
   space = _args.space(config, search_space)
-  without = _args.data(without, space)
-  with_ = _args.data(with_, space)
+  without, with_ = (_args.data(d, space) for d in (without, with_))
   repetitions = _args.repetitions(repetitions)
   key = _args.key(key)
-  delta = _validate.probability("delta", delta)
-  confidence = _validate.probability("confidence", confidence)
+  delta, confidence = _validate.probability("delta", delta), _validate.probability("confidence", confidence)
   trials = _validate.integer("trials", trials, low=2)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
+  run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
   _check_statistic(statistic, trials, delta, confidence)
 
   events = [acc.RepeatAndSelect(planning.candidate_event(space, d.num_examples), repetitions)
             for d in (without, with_)]
   accounted = _accounted(events, delta, methods)
-  bar = tqdm(total=2 * trials, disable=not progress, desc="audit trials", unit="search")
-  sides = []
-  trained = 0
-  for side, data in enumerate((without, with_)):
-    keys = [jax.random.fold_in(key, 2 * t + side) for t in range(trials)]
-    values, n = _run_side(space, data, repetitions, keys, statistic, engine_kwargs, bar)
-    sides.append(values)
-    trained += n
-  bar.close()
+  sides, trained = [], 0
+  with tqdm(total=2 * trials, disable=not progress, desc="audit trials", unit="search") as bar:
+    for side, (data, name) in enumerate(((without, "D"), (with_, "D_prime"))):
+      store = durable.CandidateStore.for_search(
+          "audit_search", space, data, key, run_dir=run_dir and os.path.join(run_dir, name),
+          trainer=trainer, engine_kwargs=engine_kwargs, side=name, trials=trials, repetitions=repetitions)
+      with store:
+        values, n = _run_side(space, data, repetitions, side, key, trials, statistic, store, bar)
+      sides.append(values)
+      trained += n
   bound = epsilon_lower_bound(sides[0], sides[1], delta=delta, confidence=confidence)
   return AuditResult(bound=bound, accounted=accounted, event=events[1], statistics_without=sides[0],
                      statistics_with=sides[1], trials=trials, candidates_trained=trained,

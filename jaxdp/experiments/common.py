@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import importlib.metadata
-import math
 import json
 import os
 import shutil
@@ -130,38 +128,6 @@ def classifier_task(num_classes: int = NUM_CLASSES, conv_impl: str = "im2col"):
   from jaxdp.train import presets  # pylint: disable=g-import-not-at-top
   return presets.classifier(num_classes, conv_impl=conv_impl,
                             name=f"classifier(num_classes={num_classes}, conv_impl={conv_impl})")
-
-
-def _json_value(value):
-  """A JSON-safe stand-in for one config value (numbers, strings, None pass; objects by repr)."""
-  if isinstance(value, bool) or value is None or isinstance(value, str):
-    return value
-  try:
-    import numpy as np  # pylint: disable=g-import-not-at-top
-    if isinstance(value, np.generic):
-      value = value.item()
-  except ImportError:  # pragma: no cover
-    pass
-  if isinstance(value, int):
-    return value
-  if isinstance(value, float):
-    return value if math.isfinite(value) else repr(value)
-  return repr(value)
-
-
-def config_record(config) -> dict:
-  """A JSON-safe description of a `TrainConfig`, for manifests and pool fingerprints.
-
-  The task (functions, a Flax module) is not serialisable: it is recorded by
-  its name, followed by every config field, the hyperparameters and the
-  execution settings. Deterministic across processes (no object addresses).
-  """
-  from jaxdp.train import CONFIG_FIELDS  # pylint: disable=g-import-not-at-top
-  record = {"task": config.task.name}
-  record.update({name: _json_value(getattr(config, name)) for name in CONFIG_FIELDS})
-  record["hparams"] = {k: _json_value(v) for k, v in sorted(config.hparams.items())}
-  record["execution"] = {k: _json_value(v) for k, v in dataclasses.asdict(config.execution).items()}
-  return record
 
 
 def run_one_dp_step(config, dataset: str) -> None:

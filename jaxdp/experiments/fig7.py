@@ -166,8 +166,9 @@ def _load_data(profile: Profile, data_dir: Optional[str] = None):
 def dry_run(profile: Profile) -> int:
   """Builds the profile's configuration and runs one DP step (CI-sized check)."""
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
+  from jaxdp.sweep.space import config_record  # pylint: disable=g-import-not-at-top
   config = base_config(profile, profile.num_train or 60000)
-  print(f"profile {profile.name}: {common.config_record(config)}")
+  print(f"profile {profile.name}: {config_record(config)}")
   print(f"  steps per run: {config.num_steps}; epsilon of one run at delta={DELTA:g}: "
         f"{acc.epsilon(config.dp_event(), DELTA, 'rdp'):.4f} (rdp)")
   common.run_one_dp_step(config, profile.dataset)
@@ -178,6 +179,7 @@ def run(profile: Profile, out_dir: str, pool_dir: str, data_dir: Optional[str] =
   """The whole pipeline; returns the manifest."""
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
   from jaxdp.sweep import SearchSpace, grid_candidates, run_sweep, table_from_records  # pylint: disable=g-import-not-at-top
+  from jaxdp.sweep.space import config_record  # pylint: disable=g-import-not-at-top
 
   watch = common.Stopwatch()
   with watch.stage("load data"):
@@ -189,7 +191,7 @@ def run(profile: Profile, out_dir: str, pool_dir: str, data_dir: Optional[str] =
   # The task (name = preset and its arguments), every config field and the hyperparameters:
   # JSON, with no object addresses, so a rerun in another process matches.
   fingerprint = {"experiment": "ps_fig7", "profile": dataclasses.asdict(profile),
-                 "config": common.config_record(config), "grid": {"learning_rate": list(profile.learning_rates)},
+                 "config": config_record(config), "grid": {"learning_rate": list(profile.learning_rates)},
                  "num_train": n}
   with watch.stage(f"pool: {len(candidates)} candidates"):
     pool = run_sweep(candidates, data, pool_dir, fingerprint, progress=True)
@@ -201,7 +203,7 @@ def run(profile: Profile, out_dir: str, pool_dir: str, data_dir: Optional[str] =
   pool_acc = [r["test_score"] for r in pool.records]  # the preset's score: test accuracy
   manifest = {
       "experiment": "Papernot & Steinke 2022, Figure 7", "profile": dataclasses.asdict(profile),
-      "train_config": common.config_record(config) | {"num_steps": config.num_steps},
+      "train_config": config_record(config) | {"num_steps": config.num_steps},
       "num_train": n, "num_test": int(data.test.inputs.shape[0]), "delta": DELTA, "trials": N_TRIALS,
       "fallback_accuracy": FALLBACK_ACCURACY, "seeds": list(profile.seeds),
       "learning_rates": list(profile.learning_rates), "pool_dir": os.path.abspath(pool_dir),

@@ -221,12 +221,13 @@ def dry_run(profile: Profile) -> int:
   n = profile.num_train or 60000
   gamma, epochs, target = profile.batch_sizes[0] / n, float(profile.epochs[0]), profile.target_epsilons[0]
   sigma = float(acc.calibrate_noise_grid(gamma, epochs, target_epsilon=target, target_delta=DELTA))
+  from jaxdp.sweep.space import config_record  # pylint: disable=g-import-not-at-top
   from jaxdp.train import TrainConfig  # pylint: disable=g-import-not-at-top
   config = TrainConfig(task=common.classifier_task(), l2_clip_norm=profile.l2_clip_norm,
                        noise_multiplier=sigma, sampling_prob=gamma, epochs=epochs, target_delta=DELTA,
                        hparams=dict(learning_rate=profile.learning_rates[0], model=profile.model,
                                     activation=profile.activation))
-  print(f"profile {profile.name}: {common.config_record(config)}")
+  print(f"profile {profile.name}: {config_record(config)}")
   print(f"  grid: B {list(profile.batch_sizes)} x epochs {list(profile.epochs)} x "
         f"{len(profile.learning_rates)} learning rates; K ~ Poisson({profile.mu:g}), q={profile.q:g}, "
         f"R={profile.repetitions}")

@@ -11,6 +11,17 @@ with `shard_map`. Groups are cut into chunks of
 `n_devices * candidates_per_device`; the last chunk is padded with copies so
 every chunk reuses one compilation.
 
+Data parallelism: a group with fewer candidates than devices would leave
+devices idle, so each candidate's batch is shared out over P devices (the
+mesh is ("candidates", "data") with P devices on "data";
+`data_parallel_degree` picks P, `ExecutionConfig(data_parallel=...)` sets
+it). The devices of one candidate hold its parameters and optimizer state
+replicated, draw the same Poisson sample, clip and sum disjoint shares of its
+microbatches, add the shares (`psum`) and then draw the same noise from the
+same key: one DP-SGD step of the candidate's `DpSgdPlan`, whose DpEvent is
+what is accounted (see `jaxdp.train.program.build_train_loop`). Only the order
+of float additions differs from one device.
+
 On CPUs XLA runs a model vmapped over a parameter axis more slowly than the
 same candidates one by one, so the automatic default there is one candidate
 per device (which then runs the lone program, without vmap) and the
@@ -54,11 +65,6 @@ _UNKNOWN_MEMORY = 8 << 30  # a device that reports no memory limit
 _MAX_PER_DEVICE = 256      # vmapping more buys nothing measurable
 
 
-def _param_shapes(spec: LoopSpec, train) -> list:
-  return jax.tree.leaves(jax.eval_shape(functools.partial(program.init_params, spec),
-                                        jax.random.key(0), train))
-
-
 def auto_candidates_per_device(spec: LoopSpec, device: jax.Device, train) -> int:
   """How many candidates one device trains at once when the caller does not say.
 
@@ -72,16 +78,59 @@ def auto_candidates_per_device(spec: LoopSpec, device: jax.Device, train) -> int
   """
   if device.platform == "cpu":
     return 1
-  size = sum(math.prod(x.shape) for x in _param_shapes(spec, train))
+  size = sum(math.prod(x.shape) for x in jax.tree.leaves(program.param_shapes(spec, train)))
   per_example = program.per_example_bytes(spec, train) or _FLOAT_BYTES * size
   per_candidate = per_example * spec.microbatch_size + _FLOAT_BYTES * _PARAMETER_COPIES * size
   budget = (device.memory_stats() or {}).get("bytes_limit", _UNKNOWN_MEMORY) // _MEMORY_SHARE
   return int(max(1, min(_MAX_PER_DEVICE, budget // max(per_candidate, 1))))
 
 
-def _build_program(spec: LoopSpec, devices: tuple, per_device: int):
-  """The jitted program for one chunk of `per_device * len(devices)` candidates."""
-  run = functools.partial(program.run_candidate, spec)
+def data_parallel_degree(requested: Optional[int], num_candidates: int, num_devices: int) -> int:
+  """How many devices share each candidate's batch: the data-parallel degree P.
+
+  Args:
+    requested: `ExecutionConfig.data_parallel`: an int, or None for automatic.
+    num_candidates: candidates in the group (they share one compiled program),
+      or the whole search's (`train_candidates`'s `search_size`).
+    num_devices: devices the engine uses, D.
+
+  Returns:
+    `requested` if given. Automatic: when num_candidates < D, the largest
+    divisor P of D with P <= D // num_candidates (so D / P >= num_candidates
+    candidate slots, and every device busy when num_candidates divides D);
+    otherwise 1 (the devices are already busy with whole candidates).
+
+  Raises:
+    ValueError: `requested` is not an integer in [1, D] that divides D (the
+      devices form a (D / P) x P mesh).
+  """
+  num_devices = _validate.integer("num_devices", num_devices, low=1)
+  if requested is not None:
+    degree = _validate.integer("data_parallel", requested)
+    divisors = [p for p in range(1, num_devices + 1) if num_devices % p == 0]
+    if degree not in divisors:
+      raise ValueError(f"data_parallel must be an integer in [1, {num_devices}] that divides the "
+                       f"{num_devices} devices the engine uses (one of {divisors}), got {requested!r}")
+    return degree
+  num_candidates = _validate.integer("num_candidates", num_candidates, low=1)
+  if num_candidates >= num_devices:
+    return 1
+  most = num_devices // num_candidates
+  return max(p for p in range(1, most + 1) if num_devices % p == 0)
+
+
+def _mesh(devices: tuple, data_parallel: int) -> Mesh:
+  """Devices as a (D / P) x P mesh: consecutive devices share a candidate."""
+  return Mesh(np.array(devices).reshape(len(devices) // data_parallel, data_parallel),
+              ("candidates", "data"))
+
+
+def _build_program(spec: LoopSpec, devices: tuple, per_device: int, data_parallel: int):
+  """The jitted program for one chunk of `per_device * len(devices) / data_parallel` candidates."""
+  # Data parallelism is an axis name for the pure program: it shares out the
+  # batch and adds the clipped shares before the noise (build_train_loop).
+  axis_name = "data" if data_parallel > 1 else None
+  run = functools.partial(program.run_candidate, spec, axis_name=axis_name)
   if per_device == 1:
     # One candidate per device runs the lone program itself: under vmap its
     # while loops and conds would become selects over the candidate axis,
@@ -93,11 +142,13 @@ def _build_program(spec: LoopSpec, devices: tuple, per_device: int):
     # The very program `train_candidate` runs, vmapped: a batched candidate
     # equals a lone run given `candidate.key()`.
     fn = jax.vmap(run, in_axes=(0, 0, 0, None, None, None))
-  mesh = Mesh(np.array(devices), ("candidates",))
-  # Each device trains its own candidates; nothing crosses devices, so the
-  # replication checks (which reject the init params in the loop carry) are off.
-  fn = jax.shard_map(fn, mesh=mesh, in_specs=(P("candidates"), P("candidates"), P("candidates"),
-                                              P(), P(), P()),
+  # Candidates are split over "candidates" and replicated over "data": every
+  # device of a candidate gets its plan, hyperparameters and key, and returns
+  # the same (replicated) outputs. Only the clipped-gradient psum crosses
+  # devices, so the replication checks (which reject the init params in the
+  # loop carry) are off.
+  fn = jax.shard_map(fn, mesh=_mesh(devices, data_parallel),
+                     in_specs=(P("candidates"), P("candidates"), P("candidates"), P(), P(), P()),
                      out_specs=P("candidates"), check_vma=False)
   return jax.jit(fn)
 
@@ -105,18 +156,22 @@ def _build_program(spec: LoopSpec, devices: tuple, per_device: int):
 _PROGRAMS = LruCache(32)
 
 
-def _compiled_chunk(spec: LoopSpec, devices: tuple, per_device: int, args: tuple):
+def _compiled_chunk(spec: LoopSpec, devices: tuple, per_device: int, data_parallel: int,
+                    args: tuple):
   """(executable, seconds spent compiling it now: 0.0 when it was cached)."""
-  jitted = _PROGRAMS.get_or_build((spec, devices, per_device),
-                                  lambda: _build_program(spec, devices, per_device))
+  jitted = _PROGRAMS.get_or_build((spec, devices, per_device, data_parallel),
+                                  lambda: _build_program(spec, devices, per_device, data_parallel))
   return program.compile_cached(jitted, args)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Group:
-  """Candidates (by index) that share one `LoopSpec`, hence one compiled program."""
+  """Candidates (by index) that share one `LoopSpec` and data-parallel degree, hence one
+  compiled program. With data parallelism the spec's common path is cut into a multiple
+  of `data_parallel` microbatches (`LoopSpec.for_data_parallel`)."""
   spec: LoopSpec
   indices: list
+  data_parallel: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,19 +198,26 @@ def _check_arguments(candidates, data: Dataset, max_candidates_per_device, devic
   return devices
 
 
-def _groups(candidates, data: Dataset) -> list:
-  """Candidates grouped by `LoopSpec`, in first-seen order; every group's task is
-  checked against the data before any group trains."""
+def _groups(candidates, data: Dataset, num_devices: int, search_size: Optional[int]) -> list:
+  """Candidates grouped by `LoopSpec` and `ExecutionConfig.data_parallel`, in first-seen
+  order. The automatic degree is chosen for `search_size` candidates (default: the
+  group's). Every group's task and degree are checked before any group trains."""
   by_spec: dict = {}
   for i, cand in enumerate(candidates):
-    by_spec.setdefault(LoopSpec.from_config(cand.config, data), []).append(i)
-  for spec in by_spec:
+    requested = cand.config.execution.data_parallel
+    by_spec.setdefault((LoopSpec.from_config(cand.config, data), requested), []).append(i)
+  groups = []
+  for (spec, requested), indices in by_spec.items():
+    degree = data_parallel_degree(requested, search_size or len(indices), num_devices)
+    groups.append(_Group(spec.for_data_parallel(degree), indices, degree))
+  for spec, _ in by_spec:
     checks.check_task(spec, data)
-  return [_Group(spec, indices) for spec, indices in by_spec.items()]
+  return groups
 
 
 def _chunk_inputs(candidates, part: list, chunk: int, n: int, spec: LoopSpec, mesh: Mesh):
-  """(plans, traced hyperparameters, keys) of one chunk, sharded over the candidate axis."""
+  """(plans, traced hyperparameters, keys) of one chunk, sharded over the candidate axis
+  (and replicated over the data axis)."""
   padded = part + [part[-1]] * (chunk - len(part))  # copies fill the last chunk: one compilation
   configs = [candidates[i].config for i in padded]
   plans = [c.plan(n).for_device() for c in configs]
@@ -167,18 +229,19 @@ def _chunk_inputs(candidates, part: list, chunk: int, n: int, spec: LoopSpec, me
   return jax.device_put((plan, traced, keys), NamedSharding(mesh, P("candidates")))
 
 
-def _dispatch_group(group: _Group, candidates, data: Dataset, splits: tuple, mesh: Mesh,
+def _dispatch_group(group: _Group, candidates, data: Dataset, splits: tuple, devices: tuple,
                     per_device: int, bar) -> Iterator[_Job]:
   """Dispatches the group's chunks one by one (asynchronously: each returns at once)."""
-  devices = tuple(mesh.devices.flat)
-  chunk = per_device * len(devices)
+  mesh = _mesh(devices, group.data_parallel)
+  chunk = per_device * mesh.shape["candidates"]
   compile_s = None
   for start in range(0, len(group.indices), chunk):
     part = group.indices[start:start + chunk]
     args = (*_chunk_inputs(candidates, part, chunk, data.num_examples, group.spec, mesh), *splits)
     if compile_s is None:
       bar.set_postfix_str("compiling")
-      executable, compile_s = _compiled_chunk(group.spec, devices, per_device, args)
+      executable, compile_s = _compiled_chunk(group.spec, devices, per_device, group.data_parallel,
+                                              args)
       bar.set_postfix_str(f"compiled in {compile_s:.1f} s")
     dispatched = time.perf_counter()
     yield _Job(part, executable(*args), dispatched, compile_s)
@@ -221,7 +284,8 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
                      max_candidates_per_device: Optional[int] = None,
                      devices: Optional[Sequence[jax.Device]] = None,
                      keep_params: bool = False, progress: bool = False,
-                     on_chunk: Optional[Callable[[list], None]] = None) -> list[CandidateResult]:
+                     on_chunk: Optional[Callable[[list], None]] = None,
+                     search_size: Optional[int] = None) -> list[CandidateResult]:
   """Trains every candidate; returns `CandidateResult`s in the input order.
 
   Chunks are dispatched asynchronously: while the devices train one chunk,
@@ -232,23 +296,41 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
     candidates: the candidates (grid point, config, seed).
     data: a `jaxdp.data.Dataset`: private train split; the score reads the
       public test split (or, for a DP score, the private validation split).
-    max_candidates_per_device: candidates vmapped on one device at once; None
-      picks `auto_candidates_per_device`.
-    devices: devices to shard the candidate axis over (default: all).
+    max_candidates_per_device: candidates vmapped on one device (or, with
+      data parallelism, one group of devices) at once; None picks
+      `auto_candidates_per_device`.
+    devices: devices to shard the candidate axis over (default: all). Each
+      candidate uses P of them (`ExecutionConfig.data_parallel`).
     keep_params: keep each candidate's final parameters in its result.
     progress: show a progress bar with ETA (and each group's compile time).
     on_chunk: called with the list of (candidate, result) pairs of every chunk
       as soon as it finishes (the durable pool appends them to disk).
+    search_size: the number of candidates the automatic layout is chosen for
+      (None: each group's own): the data-parallel degree P
+      (`data_parallel_degree`) and how many candidates a chunk holds. The
+      layout decides the order of float additions, hence the parameters'
+      last bits. A caller that trains one search in several calls (a resume
+      that trains only what is missing, Ray tasks) passes the whole search's
+      size to every call: each candidate then runs in the same program and
+      gets the same bits as in one call (a short call pads its chunk with
+      copies).
 
   Returns:
     One `jaxdp.train.CandidateResult` per candidate; `wall_time_s` is the
     chunk's wall time (from when the devices could start it to its results)
     divided by its number of candidates, and `compile_time_s` is the time
     spent compiling its group's program in this call (0.0 if it was cached).
+
+  Raises:
+    ValueError: a bad argument, a task that does not fit the data, or an
+      `ExecutionConfig.data_parallel` that does not divide the number of
+      devices; before anything trains.
   """
   devices = _check_arguments(candidates, data, max_candidates_per_device, devices)
-  groups = _groups(candidates, data)
-  mesh = Mesh(np.array(devices), ("candidates",))
+  if search_size is not None:
+    search_size = _validate.integer("search_size", search_size, low=1)
+  groups = _groups(candidates, data, len(devices), search_size)
+  mesh = Mesh(np.array(devices), ("devices",))
   # Once per call, replicated on every device: no host round-trip per chunk.
   splits = jax.device_put(device_splits(data), NamedSharding(mesh, P()))
   with tqdm(total=len(candidates), disable=not progress, desc="candidates", unit="cand") as bar:
@@ -258,8 +340,9 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
       bar.set_description(f"candidates (group {g + 1}/{len(groups)})")
       per_device = max_candidates_per_device or auto_candidates_per_device(group.spec, devices[0],
                                                                             splits[0])
-      per_device = min(per_device, math.ceil(len(group.indices) / len(devices)))
-      for job in _dispatch_group(group, candidates, data, splits, mesh, per_device, bar):
+      slots = len(devices) // group.data_parallel  # candidates trained side by side
+      per_device = min(per_device, math.ceil((search_size or len(group.indices)) / slots))
+      for job in _dispatch_group(group, candidates, data, splits, devices, per_device, bar):
         if pending is not None:
           collector.finish(pending)  # the host's work overlaps the job just dispatched
         pending = job

@@ -24,6 +24,11 @@ Guarantees:
     the chunk in flight; rerunning the sweep resumes where it stopped.
   - A directory made for another configuration, by an older pool format or
     with the old seed-only candidate keys is refused, never mixed.
+  - Parameters, when a pool keeps them (`append(..., params=...)`), are
+    written and fsynced (one file per chunk under `params/`) before the
+    records that point to them; each record holds the file's sha256, so a
+    damaged or missing file is detected on reading, and `drop` moves the
+    records it would cost to the quarantine, to be trained again.
 """
 
 from __future__ import annotations
@@ -31,12 +36,15 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import math
 import os
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdp.sweep import engine
@@ -44,6 +52,7 @@ from jaxdp.sweep.space import KEY_DERIVATION, Candidate
 
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
+PARAMS_DIR = "params"
 QUARANTINE = RESULTS + ".quarantine"
 LOCK = ".writer.lock"
 #: 1: unchecked JSON lines, candidate key = key(seed). 2: sha256 per record,
@@ -60,6 +69,10 @@ class PoolMismatchError(ValueError):
 
 class PoolLockedError(RuntimeError):
   """Another writer (another process, or an open `ResultPool`) holds the run directory."""
+
+
+class ParamsDamagedError(ValueError):
+  """A record's parameter file is missing or fails its checksum (the record can be dropped)."""
 
 
 def _json_safe(value):
@@ -101,6 +114,15 @@ def _atomic_write(path: str, data: bytes) -> None:
     os.fsync(f.fileno())
   os.replace(tmp, path)
   _fsync_dir(os.path.dirname(path) or ".")
+
+
+def _lines(records: Iterable[Mapping[str, Any]]) -> bytes:
+  """Records as the pool file stores them: canonical JSON with their checksum, one per line."""
+  out = []
+  for r in records:
+    safe = {k: _json_safe(v) for k, v in r.items()}
+    out.append(_canonical(dict(safe, **{_CHECKSUM: _checksum(safe)})) + "\n")
+  return "".join(out).encode()
 
 
 def _parse_line(raw: bytes):
@@ -339,16 +361,29 @@ class ResultPool:
   def done_ids(self) -> set:
     return set(self._ids)
 
-  def append(self, records: Iterable[Mapping[str, Any]]) -> None:
+  def _check_writable(self) -> None:
+    if self.read_only or self._lock_fd is None:
+      state = "read_only" if self.read_only else "closed"
+      raise ValueError(f"the pool of {self.run_dir!r} is {state}; open a new ResultPool to write")
+
+  def append(self, records: Iterable[Mapping[str, Any]],
+             params: Optional[Mapping[str, Any]] = None) -> None:
     """Appends records durably: one write and one fsync for the whole batch.
+
+    Args:
+      records: the records (each a mapping with a string `id`).
+      params: optional id -> parameter pytree for some of them: written to
+        one file (fsynced) before the records, which then point to it.
 
     Raises:
       ValueError: a record has no string `id`, repeats an id already in the
         pool or in the batch, or the pool is read-only or closed.
     """
-    if self.read_only or self._lock_fd is None:
-      state = "read_only" if self.read_only else "closed"
-      raise ValueError(f"the pool of {self.run_dir!r} is {state}; open a new ResultPool to write")
+    self._check_writable()
+    records = [dict(r) for r in records]
+    if params:
+      stored = self._write_params(params)
+      records = [dict(r, params=stored[r["id"]]) if r.get("id") in stored else r for r in records]
     normal, ids = [], set()
     for r in records:
       safe = {str(k): _json_safe(v) for k, v in dict(r).items()}
@@ -364,7 +399,7 @@ class ResultPool:
       normal.append(safe)
     if not normal:
       return
-    data = "".join(_canonical(dict(r, **{_CHECKSUM: _checksum(r)})) + "\n" for r in normal).encode()
+    data = _lines(normal)
     created = not os.path.exists(self._path)
     fd = os.open(self._path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
@@ -390,20 +425,106 @@ class ResultPool:
     self._records.extend({k: _from_json(v) for k, v in r.items()} for r in normal)
 
 
+  # -- parameters -------------------------------------------------------------
+
+  def _write_params(self, params: Mapping[str, Any]) -> dict:
+    """Writes every tree's leaves to one file (as raw bytes: any dtype); id -> its record field."""
+    arrays, layout = {}, {}
+    for rid, tree in params.items():
+      leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+      layout[rid] = [[str(leaf.dtype), list(leaf.shape)] for leaf in leaves]
+      for i, leaf in enumerate(leaves):
+        arrays[f"{rid}/{i}"] = np.ascontiguousarray(leaf).reshape(-1).view(np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    data = buffer.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    name = f"{PARAMS_DIR}/{digest[:24]}.npz"
+    directory = os.path.join(self.run_dir, PARAMS_DIR)
+    os.makedirs(directory, exist_ok=True)
+    _atomic_write(os.path.join(self.run_dir, name), data)
+    return {rid: {"file": name, "sha256": digest, "leaves": layout[rid]} for rid in params}
+
+  def load_params(self, records: Sequence[Mapping[str, Any]]) -> dict:
+    """id -> the list of parameter leaves of each record, checked against its file's sha256.
+
+    Raises:
+      ParamsDamagedError: a record has no parameters, or its file is missing or
+        damaged; `error.ids` lists every record of `records` it costs.
+    """
+    out, files, damaged = {}, {}, {}
+    for r in records:
+      ref = r.get("params")
+      if not isinstance(ref, Mapping):
+        damaged[r["id"]] = "the record holds no parameters"
+        continue
+      if ref["file"] not in files:
+        files[ref["file"]] = self._read_params_file(ref)
+      found = files[ref["file"]]
+      if isinstance(found, str):
+        damaged[r["id"]] = found
+        continue
+      out[r["id"]] = [np.frombuffer(found[f"{r['id']}/{i}"].tobytes(), dtype=jnp.dtype(dtype)).reshape(shape).copy()
+                      for i, (dtype, shape) in enumerate(ref["leaves"])]
+    if damaged:
+      err = ParamsDamagedError(f"{len(damaged)} record(s) of {self.run_dir!r} lost their parameters: "
+                               + "; ".join(sorted(set(damaged.values()))))
+      err.ids = sorted(damaged)
+      raise err
+    return out
+
+  def _read_params_file(self, ref: Mapping[str, Any]):
+    path = os.path.join(self.run_dir, ref["file"])
+    try:
+      with open(path, "rb") as f:
+        data = f.read()
+    except OSError as err:
+      return f"{ref['file']} cannot be read ({err.strerror or err})"
+    if hashlib.sha256(data).hexdigest() != ref["sha256"]:
+      return f"{ref['file']} fails its checksum"
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+      return {k: npz[k] for k in npz.files}
+
+  def drop(self, ids: Iterable[str], why: str) -> None:
+    """Moves the records of `ids` to the quarantine (with `why`), so they are trained again.
+
+    The quarantine is written and fsynced first, then the pool file is
+    replaced atomically: a crash in between duplicates a record into the
+    quarantine but never loses one.
+    """
+    self._check_writable()
+    ids = set(ids)
+    if not ids & self._ids:
+      return
+    keep = [r for r in self._records if r["id"] not in ids]
+    gone = [r for r in self._records if r["id"] in ids]
+    with open(self.quarantine_path, "ab") as f:
+      f.write(_lines(gone))
+      f.flush()
+      os.fsync(f.fileno())
+    data = _lines(keep)
+    _atomic_write(self._path, data)
+    warnings.warn(f"{self._path}: {len(gone)} record(s) moved to {self.quarantine_path} ({why}); "
+                  "they will be trained again", stacklevel=2)
+    self._records, self._size, self._ids = keep, len(data), {r["id"] for r in keep}
+
+
+def result_fields(result) -> dict:
+  """What a pool record keeps of a `CandidateResult` (not its parameters)."""
+  return {"score": result.score, "test_score": result.test_score, "test_loss": result.test_loss,
+          "score_source": result.score_source, "steps": result.steps,
+          "planned_steps": result.planned_steps, "diverged": result.diverged,
+          "epsilon": result.epsilon, "delta": result.delta, "wall_time_s": result.wall_time_s}
+
+
 def record_of(candidate: Candidate, result, num_examples: Optional[int] = None) -> dict:
   """The pool record of a trained candidate (no parameters).
 
   `num_examples` (the training set size) is needed for configs that give an
   expected `batch_size` (their DpEvent depends on N).
   """
-  return {
-      "id": candidate.id, "point": dict(candidate.point), "seed": candidate.seed,
-      "score": result.score, "test_score": result.test_score, "test_loss": result.test_loss,
-      "score_source": result.score_source,
-      "steps": result.steps, "planned_steps": result.planned_steps, "diverged": result.diverged,
-      "epsilon": result.epsilon, "delta": result.delta, "wall_time_s": result.wall_time_s,
-      "dp_event": repr(candidate.config.dp_event(num_examples)),
-  }
+  return {"id": candidate.id, "point": dict(candidate.point), "seed": candidate.seed,
+          **result_fields(result), "dp_event": repr(candidate.config.dp_event(num_examples))}
 
 
 def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: Mapping[str, Any], *,
@@ -435,7 +556,8 @@ def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: 
     todo = [c for c in candidates if c.id not in done]
     if todo:
       train = trainer or engine.train_candidates
-      train(todo, data, progress=progress,
+      # The layout of the whole sweep: a resumed candidate gets the same bits.
+      train(todo, data, progress=progress, search_size=len(candidates),
             on_chunk=lambda chunk: pool.append(record_of(c, r, data.num_examples) for c, r in chunk),
             **engine_kwargs)
   return pool

@@ -9,11 +9,13 @@ the local engine on its chunk, on whatever devices its worker sees.
 
 from __future__ import annotations
 
+import socket
 from typing import Callable, Optional, Sequence
 
 from tqdm.auto import tqdm
 
 from jaxdp import _validate
+from jaxdp._cache import LruCache
 from jaxdp.sweep import engine
 
 
@@ -25,41 +27,100 @@ def _require_ray():
   return ray
 
 
-def _train_chunk(chunk, data, engine_kwargs):
-  return engine.train_candidates(chunk, data, **engine_kwargs)
+# What each worker process has deserialised, by object id: the candidates and
+# the data of one call are put in Ray's object store once, and a worker turns
+# them into objects once. Its tasks then share the same `Task` objects, hence
+# (tasks compare by identity in a `LoopSpec`) the same compiled programs: only
+# a worker's first chunk of a call compiles.
+_SHARED = LruCache(2)
+
+
+def _shared(box: list):
+  """(candidates, data) of the call whose object ref `box` holds (a list, so Ray passes the ref)."""
+  ref = box[0]
+  return _SHARED.get_or_build(ref.binary(), lambda: _require_ray().get(ref))
+
+
+def _check_reachable(address: Optional[str], timeout_s: float = 5.0) -> None:
+  """Raises ValueError unless a TCP connection to a "host:port" address opens within `timeout_s`.
+
+  `ray.init` itself retries an unreachable head for minutes; a user who gave
+  a wrong address wants to hear it at once. None, "auto" and "local" are left
+  to Ray (which answers those at once).
+  """
+  if address is None or address in ("auto", "local"):
+    return
+  host, sep, port = address.removeprefix("ray://").rpartition(":")
+  if not sep or not port.isdigit():
+    raise ValueError(f"address must be None, 'auto', 'local' or 'host:port' of a Ray head, got {address!r}")
+  try:
+    socket.create_connection((host, int(port)), timeout=timeout_s).close()
+  except OSError as err:
+    raise ValueError(f"cannot reach Ray at address={address!r} ({err.strerror or err}): is a head "
+                     f"running there (`ray start --head --port={port}`)?") from None
+
+
+def _train_chunk(box: list, indices: list, engine_kwargs: dict) -> list:
+  candidates, data = _shared(box)
+  return engine.train_candidates([candidates[i] for i in indices], data, **engine_kwargs)
 
 
 def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num_cpus: float = 1,
-                         num_gpus: float = 0, progress: bool = False,
-                         on_chunk: Optional[Callable[[list], None]] = None,
+                         num_gpus: float = 0, address: Optional[str] = None, max_retries: int = 3,
+                         progress: bool = False, on_chunk: Optional[Callable[[list], None]] = None,
                          keep_params: bool = False, **engine_kwargs) -> list:
   """Trains candidates in Ray tasks of `chunk_size` candidates each.
 
   Args:
     candidates: the candidates.
-    data: the `Dataset` (put in Ray's object store once).
+    data: the `Dataset` (put in Ray's object store once, with the candidates;
+      each worker deserialises them once per call).
     chunk_size: candidates per task (>= 1); a killed task loses at most these.
     num_cpus, num_gpus: resources each task asks Ray for.
+    address: the cluster to join when Ray is not initialised yet ("auto", or
+      "host:port" of a head started with `ray start --head`); None starts a
+      local instance. Ignored when `ray.init` was called already.
+    max_retries: how many times Ray reruns a task whose worker or node died
+      (the rerun trains the same candidates with the same keys: the same results).
     progress: progress bar with ETA.
     on_chunk: called with (candidate, result) pairs as each task finishes.
     keep_params: return parameters too (they travel back through Ray).
-    **engine_kwargs: passed to `engine.train_candidates` inside each task.
+    **engine_kwargs: passed to `engine.train_candidates` inside each task;
+      its `search_size` is capped at `chunk_size` (each task lays out a full
+      chunk, so a candidate gets the same bits in whichever chunk it lands).
 
   Returns:
-    Results in input order. Ray must be initialised (`ray.init(...)`), or a
-    local instance is started.
+    Results in input order.
+
+  Raises:
+    ValueError: Ray is not installed, the cluster at `address` cannot be
+      reached, a bad `chunk_size` / `max_retries`, or `devices` given (all
+      before any training).
   """
   ray = _require_ray()
   chunk_size = _validate.integer("chunk_size", chunk_size, low=1)
+  if engine_kwargs.get("devices") is not None:
+    raise ValueError("devices names this process's jax devices, which a Ray task does not have: "
+                     "each task trains on the devices its worker sees (num_gpus= asks Ray for them)")
+  max_retries = _validate.integer("max_retries", max_retries, low=0)
   if not ray.is_initialized():
-    ray.init()
-  remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(_train_chunk)
-  data_ref = ray.put(data)
-  kwargs = dict(engine_kwargs, keep_params=keep_params)
+    _check_reachable(address)
+    try:
+      ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except Exception as err:  # Ray raises ConnectionError, RuntimeError, ... by version
+      raise ValueError(f"cannot start or reach Ray (address={address!r}): {type(err).__name__}: "
+                       f"{err}") from err
+  remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=max_retries)(_train_chunk)
+  box = [ray.put((list(candidates), data))]
+  # Every task chooses the layout of a full chunk (or of the whole, smaller
+  # search), so a candidate gets the same bits in whichever chunk it lands:
+  # the short last chunk, or a rerun of only what a crash left missing.
+  search_size = min(chunk_size, engine_kwargs.pop("search_size", None) or chunk_size)
+  kwargs = dict(engine_kwargs, keep_params=keep_params, search_size=search_size)
   pending = {}
   for start in range(0, len(candidates), chunk_size):
     idx = list(range(start, min(start + chunk_size, len(candidates))))
-    pending[remote.remote([candidates[i] for i in idx], data_ref, kwargs)] = idx
+    pending[remote.remote(box, idx, kwargs)] = idx
   results: list = [None] * len(candidates)
   with tqdm(total=len(candidates), disable=not progress, desc="candidates (ray)", unit="cand") as bar:
     while pending:

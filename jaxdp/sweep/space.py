@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import numbers
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -28,7 +29,34 @@ import jax
 import numpy as np
 
 from jaxdp import _validate
-from jaxdp.train import TrainConfig
+from jaxdp.train import CONFIG_FIELDS, TrainConfig
+
+def _json_value(value):
+  """A JSON-safe stand-in for one config value (numbers, strings, None pass; objects by repr)."""
+  if isinstance(value, bool) or value is None or isinstance(value, str):
+    return value
+  if isinstance(value, np.generic):
+    value = value.item()
+  if isinstance(value, int):
+    return value
+  if isinstance(value, float):
+    return value if math.isfinite(value) else repr(value)
+  return repr(value)
+
+
+def config_record(config) -> dict:
+  """A JSON-safe description of a `TrainConfig`, for manifests and pool fingerprints.
+
+  The task (functions, a Flax module) is not serialisable: it is recorded by
+  its name, followed by every config field, the hyperparameters and the
+  execution settings. Deterministic across processes (no object addresses).
+  """
+  record = {"task": config.task.name}
+  record.update({name: _json_value(getattr(config, name)) for name in CONFIG_FIELDS})
+  record["hparams"] = {k: _json_value(v) for k, v in sorted(config.hparams.items())}
+  record["execution"] = {k: _json_value(v) for k, v in dataclasses.asdict(config.execution).items()}
+  return record
+
 
 def _plain(value):
   if isinstance(value, (np.integer,)):

@@ -34,6 +34,10 @@ EPSILON_METHOD = "rdp"
 class ExecutionConfig:
   """Performance-only settings: they never change what is computed or its privacy.
 
+  Each setting changes at most the order in which float sums are added (so
+  the last bits of the parameters), never which examples are sampled, how
+  they are clipped, the noise, or the DpEvent.
+
   Attributes:
     padded_batch_size: rows processed on the common path per step; None picks
       qN + 4 std of Binomial(N, q).  Larger sampled batches are still fully
@@ -44,10 +48,26 @@ class ExecutionConfig:
       microbatch, the padded batch split into the fewest equal parts within
       it). It changes only the order of a sum, never what is computed.
     eval_batch_size: rows per model call when scoring.
+    data_parallel: how many devices share each candidate's batch in the
+      sweep engine (`jaxdp.sweep.train_candidates`, which every tuner uses):
+      data parallelism. The devices draw the same Poisson sample, each clips
+      the per-example gradients of a disjoint share of its microbatches, and
+      the clipped sums are added across devices before the noise, which is
+      drawn once per step (the same draw on every device). The `DpSgdPlan`,
+      its DpEvent and epsilon are those of one device; only the order of the
+      float additions in the clipped sum changes (and the engine may cut the
+      common path into smaller microbatches, one equal share per device).
+      None (default): automatic (`jaxdp.sweep.engine.data_parallel_degree`:
+      used when a group has fewer candidates than devices). An int >= 1: that
+      many devices per candidate; it must divide the number of devices the
+      engine uses, or the engine raises ValueError before any training.
+      `jaxdp.train.train_candidate` runs one candidate on one device and
+      does not read it.
   """
   padded_batch_size: int | None = None
   microbatch_size: int | None = None
   eval_batch_size: int = 1000
+  data_parallel: int | None = None
 
   def __post_init__(self):
     if self.padded_batch_size is not None:
@@ -57,6 +77,9 @@ class ExecutionConfig:
     if self.padded_batch_size is not None and self.microbatch_size is not None:
       validate_batch_sizes(self.padded_batch_size, self.microbatch_size)
     _validate.integer("eval_batch_size", self.eval_batch_size, low=1)
+    if self.data_parallel is not None:
+      object.__setattr__(self, "data_parallel",
+                         _validate.integer("data_parallel", self.data_parallel, low=1))
 
 
 class UncheckedHparamsWarning(UserWarning):

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
 from jaxdp.train import microbatching
@@ -128,6 +129,28 @@ class LoopSpec:
                num_examples=n, sampling_prob=q, num_steps=config.num_steps_for(n),
                padded_batch_size=padded, microbatch_size=micro, eval_batch_size=ex.eval_batch_size)
 
+  def for_data_parallel(self, degree: int) -> "LoopSpec":
+    """This spec with its common path cut into a multiple of `degree` microbatches.
+
+    Under data parallelism over `degree` devices (`build_train_loop`'s
+    `axis_name`) device d sums microbatches d, d + degree, ...; with n
+    microbatches on the common path and `degree` not dividing n some devices
+    would idle there. The n' = degree * ceil(n / degree) microbatches of
+    m' = ceil(padded / n') rows are never larger than before (memory stays
+    bounded) and never hold fewer rows in all. Performance only: every
+    sampled row is processed whatever the padding and microbatch size.
+
+    Raises:
+      ValueError: `degree` is not a positive integer.
+    """
+    degree = _validate.integer("degree", degree, low=1)
+    parts = self.padded_batch_size // self.microbatch_size
+    if parts % degree == 0:
+      return self
+    parts = degree * math.ceil(parts / degree)
+    micro = math.ceil(self.padded_batch_size / parts)
+    return dataclasses.replace(self, padded_batch_size=micro * parts, microbatch_size=micro)
+
   def model(self):
     """The task's `Model` for this spec's static hyperparameters."""
     return self.task.model_for(dict(self.static_hparams))
@@ -186,6 +209,11 @@ def init_params(spec: LoopSpec, key: jax.Array, train: PyTree) -> PyTree:
   return model.init(key, spec.task.model_inputs(jax.tree.map(jnp.zeros_like, _first(train))))
 
 
+def param_shapes(spec: LoopSpec, train: PyTree) -> PyTree:
+  """The parameter tree's structure, shapes and dtypes (`jax.ShapeDtypeStruct` leaves), untraced."""
+  return jax.eval_shape(functools.partial(init_params, spec), jax.random.key(0), train)
+
+
 def _all_finite(tree: PyTree) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]))
 
@@ -194,14 +222,34 @@ def _take(tree: PyTree, idx: jax.Array) -> PyTree:
   return jax.tree.map(lambda leaf: leaf[idx], tree)
 
 
-def build_train_loop(spec: LoopSpec) -> Callable[..., LoopOutput]:
+def build_train_loop(spec: LoopSpec, *, axis_name: Optional[str] = None) -> Callable[..., LoopOutput]:
   """The pure inner DP training loop for `spec` (not jitted; jit or vmap it).
+
+  Args:
+    spec: the static structure of the run.
+    axis_name: None (default): the loop runs on one device. Otherwise the
+      name of a `jax.shard_map` mesh axis over which each step's batch is
+      shared out (data parallelism); every argument must then be the same on
+      every device of that axis (replicated).
 
   Returns:
     loop(params, plan, traced_hparams, key, train) -> LoopOutput. It runs
     `plan.num_steps` Poisson-sampled DP steps, stopping early only if the
     parameters become non-finite. `plan` is a `DpSgdPlan` whose static fields
     equal the spec's; its C and sigma may be traced.
+
+  Guarantees:
+    With `axis_name` the mechanism is the one of a single device. The devices
+    draw the same Poisson sample, each clips and sums the per-example
+    gradients of its own disjoint share of the sampled microbatches, and the
+    shares are added (`psum`, in `plan.batch_sum`) before the noise. The
+    privatizer then runs on the summed gradient, identical on every device,
+    with the same noise key on every device: it draws the same N(0, (sigma
+    C)^2) noise everywhere, i.e. one draw per step, not one per device, and
+    every device applies the same update. The parameters stay replicated,
+    and what is released is one DP-SGD run of `plan` (`plan.dp_event()`):
+    only the order of float additions in the clipped sum differs from one
+    device.
   """
   task = spec.task
   loss = task.per_example_loss(spec.model())
@@ -218,7 +266,9 @@ def build_train_loop(spec: LoopSpec) -> Callable[..., LoopOutput]:
       grad_sum, _ = plan.batch_sum(
           jax.random.fold_in(sample_key, step), lambda idx, valid: clipped(params, _take(train, idx), valid),
           num_rows=num_rows, padded_batch_size=spec.padded_batch_size,
-          microbatch_size=spec.microbatch_size)
+          microbatch_size=spec.microbatch_size, axis_name=axis_name)
+      # grad_sum is the whole batch's clipped sum on every device: the noise
+      # below is added once to it (same key everywhere), never per share.
       updates, opt_state = opt.update(grad_sum, opt_state, params)
       params = optax.apply_updates(params, updates)
       return step + 1, params, opt_state, _all_finite(params)
@@ -286,8 +336,13 @@ def score_key(key: jax.Array) -> jax.Array:
   return jax.random.fold_in(key, 0x5C0E)
 
 
-def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, validation, params=None):
+def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, validation, params=None,
+                  *, axis_name: Optional[str] = None):
   """Init (unless `params`), train, then score: the one program lone and batched runs share.
+
+  `axis_name`: see `build_train_loop` (data parallelism over that mesh axis;
+  scoring then runs on every device of it, on the same parameters with the
+  same key).
 
   Returns:
     (LoopOutput, score, test score, test loss); the scores are NaN where
@@ -296,7 +351,7 @@ def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, val
   init_key, loop_key = jax.random.split(key)
   if params is None:
     params = init_params(spec, init_key, train)
-  out = build_train_loop(spec)(params, plan, traced, loop_key, train)
+  out = build_train_loop(spec, axis_name=axis_name)(params, plan, traced, loop_key, train)
   nan = jnp.float32(jnp.nan)
   test_score, test_loss = build_evaluate(spec)(out.params, test) if test is not None else (nan, nan)
   if spec.task.private_score:

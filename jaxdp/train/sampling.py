@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -161,51 +161,84 @@ def validate_batch_sizes(padded_batch_size: int, microbatch_size: int) -> None:
 
 def poisson_batch_sum(key: jax.Array, fn: Callable[[jax.Array, jax.Array], PyTree], *,
                       num_examples: int, sampling_prob, padded_batch_size: int,
-                      microbatch_size: int) -> tuple[PyTree, jax.Array]:
+                      microbatch_size: int, axis_name: Optional[str] = None) -> tuple[PyTree, jax.Array]:
   """Sums `fn(indices, valid)` over all microbatches of one Poisson sample.
 
+  The sampled indices are cut into microbatches k = 0, 1, ... of m rows. With
+  `axis_name` (inside `jax.shard_map`, data parallelism over that mesh axis of
+  D devices) device d sums microbatches k = d, d + D, d + 2D, ...: the common
+  path's and the overflow's alike, so the devices' shares are disjoint and
+  together cover every sampled row. The shares are then added with one
+  `psum`, before anything else happens to the sum (in DP-SGD: before the
+  noise).
+
   Args:
-    key: PRNG key for this step's sample.
+    key: PRNG key for this step's sample. With `axis_name` it must be the same
+      key on every device of the axis: each device draws the same mask.
     fn: maps (indices (m,) int32, valid (m,) bool) to a tree of arrays; it
       must give rows with valid False zero weight.  The outputs are summed.
     num_examples: N, static.
     sampling_prob: q (a float or a traced scalar).
     padded_batch_size: P, static, multiple of `microbatch_size`.
     microbatch_size: m, static.
+    axis_name: None (default): one device sums every microbatch. Otherwise
+      the name of a `shard_map` mesh axis over which the microbatches are
+      shared out, as above.
 
   Returns:
-    (sum of fn over microbatches, realised batch size as int32).
+    (sum of fn over microbatches, realised batch size as int32). With
+    `axis_name`, both are the same on every device of the axis.
+
+  Raises:
+    ValueError: P or m is not a positive integer, or m does not divide P.
+
+  Guarantees:
+    Every sampled example is in exactly one microbatch, and every microbatch
+    holding a sampled example is summed exactly once (on exactly one device):
+    nothing is dropped or counted twice, however far the sample overflows the
+    padding. The sample is `poisson_mask(key, N, q)`, whatever the number of
+    devices. Data parallelism changes only the order in which float sums are
+    added (per device, then across devices), never which terms are added.
   """
   validate_batch_sizes(padded_batch_size, microbatch_size)
   m = microbatch_size
-  # Room for every example plus one microbatch so dynamic_slice never clamps.
-  length = (math.ceil(num_examples / m) + 1) * m
-  length = max(length, padded_batch_size)
+  # D devices share the microbatches; device d takes k = j * D + d for j = 0, 1, ...
+  shards = 1 if axis_name is None else jax.lax.axis_size(axis_name)
+  shard = 0 if axis_name is None else jax.lax.axis_index(axis_name)
+  per_shard = math.ceil(padded_batch_size // m / shards)  # common-path microbatches per device
+  # Room for every example plus one microbatch so dynamic_slice never clamps,
+  # and for the last common-path microbatch of the last device.
+  length = max((math.ceil(num_examples / m) + 1) * m, per_shard * shards * m)
   idx, count = sampled_indices(poisson_mask(key, num_examples, sampling_prob), length)
   positions = jnp.arange(m, dtype=jnp.int32)
 
-  def chunk(k):
-    start = k * m
+  def start_of(j):
+    return (j * shards + shard) * m
+
+  def chunk(j):
+    start = start_of(j)
     return fn(jax.lax.dynamic_slice_in_dim(idx, start, m), start + positions < count)
 
-  n_fixed = padded_batch_size // m
-  if n_fixed == 1:
+  if per_shard == 1:
     total = chunk(jnp.int32(0))
   else:
-    def scan_body(acc, k):
-      return jax.tree.map(jnp.add, acc, chunk(k)), None
+    def scan_body(acc, j):
+      return jax.tree.map(jnp.add, acc, chunk(j)), None
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                          jax.eval_shape(chunk, jnp.int32(0)))
-    total, _ = jax.lax.scan(scan_body, zeros, jnp.arange(n_fixed, dtype=jnp.int32))
+    total, _ = jax.lax.scan(scan_body, zeros, jnp.arange(per_shard, dtype=jnp.int32))
 
   # Overflow beyond the padding: rare, but processed in full, never dropped.
+  # Each device loops over its own overflow microbatches (no collective inside).
   def cond(carry):
-    k, _ = carry
-    return k * m < count
+    j, _ = carry
+    return start_of(j) < count
 
   def body(carry):
-    k, acc = carry
-    return k + 1, jax.tree.map(jnp.add, acc, chunk(k))
+    j, acc = carry
+    return j + 1, jax.tree.map(jnp.add, acc, chunk(j))
 
-  _, total = jax.lax.while_loop(cond, body, (jnp.int32(n_fixed), total))
+  _, total = jax.lax.while_loop(cond, body, (jnp.int32(per_shard), total))
+  if axis_name is not None:
+    total = jax.lax.psum(total, axis_name)
   return total, count

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import jax
@@ -98,6 +99,22 @@ def target_epsilon(value: Any) -> Optional[float]:
   if value is None:
     return None
   return _validate.real("target_epsilon", value, low=0.0, low_open=True)
+
+
+def run_dir(value: Any) -> Optional[str]:
+  if value is None:
+    return None
+  if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+    raise ValueError(f"run_dir must be None or a directory path (str or os.PathLike), got {value!r}")
+  return os.fspath(value)
+
+
+def trainer(value: Any):
+  if value is not None and not callable(value):
+    raise ValueError(f"trainer must be None or a callable with the signature of "
+                     f"jaxdp.sweep.train_candidates (e.g. jaxdp.sweep.ray_backend."
+                     f"train_candidates_ray), got {value!r}")
+  return value
 
 
 def engine_kwargs(kwargs: Mapping[str, Any]) -> dict:

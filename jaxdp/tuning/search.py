@@ -25,12 +25,12 @@ import numpy as np
 from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
-from jaxdp.sweep import engine
 from jaxdp.sweep.space import Candidate, SearchSpace
 from jaxdp.train import TrainConfig
-from jaxdp.tuning import _args
-from jaxdp.tuning import planning
 from jaxdp.train.trainer import score_source
+from jaxdp.tuning import _args
+from jaxdp.tuning import durable
+from jaxdp.tuning import planning
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -139,6 +139,15 @@ def best_index(results: Sequence[Any]) -> Optional[int]:
   return int(np.argmax(np.where(np.isnan(scores), -np.inf, scores)))
 
 
+def _threshold_keys(key: jax.Array, max_candidates: Optional[int]):
+  """(draw key, stop key) of candidate 1, 2, ... of Liu-Talwar's loop (at most `max_candidates`)."""
+  j = 0
+  while max_candidates is None or j < max_candidates:
+    key, draw_key, stop_key = jax.random.split(key, 3)
+    yield draw_key, stop_key
+    j += 1
+
+
 def _draw_candidates(space: SearchSpace, n: int, key) -> list:
   pick_key, seed_key = jax.random.split(key)
   picks = np.asarray(jax.random.randint(pick_key, (n,), 0, len(space)))
@@ -158,6 +167,7 @@ def _release_scores(cands, results, release_all_scores):
 def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
                   data: Dataset, *, repetitions: acc.KDistribution, key: jax.Array, delta: float = 1e-5,
                   target_epsilon: Optional[float] = None, release_all_scores: bool = False,
+                  run_dir: Optional[str] = None, trainer: Optional[durable.Trainer] = None,
                   **engine_kwargs) -> TunedResult:
   """Papernot-Steinke private random search.
 
@@ -177,15 +187,24 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
       epsilon is re-accounted from the calibrated configurations.
     release_all_scores: also return every candidate's score (warns: not
       covered by the guarantee).
+    run_dir: None, or a directory that keeps every finished candidate
+      (`jaxdp.tuning.durable`): rerun the same call after a crash and it
+      trains only what is missing and releases what an uninterrupted run
+      releases. It holds unreleased candidates: keep it as secret as the data.
+    trainer: the training backend: None (`jaxdp.sweep.train_candidates`, this
+      host's devices) or one with its signature, e.g.
+      `functools.partial(jaxdp.sweep.ray_backend.train_candidates_ray, chunk_size=2)`
+      for a Ray cluster.
     **engine_kwargs: `devices`, `max_candidates_per_device`, `progress`,
-      `on_chunk`, passed to `jaxdp.sweep.train_candidates`.
+      `on_chunk`, passed to the trainer.
 
   Returns:
     A `TunedResult` holding the selected candidate only.
 
   Raises:
     ValueError: for any bad argument, always before K is drawn: whether the
-      call fails never depends on K (a bad `data` raises even when K = 0).
+      call fails never depends on K (a bad `data` raises even when K = 0);
+      `durable.SearchMismatchError` if `run_dir` holds another search.
 
   Example:
     result = random_search(config, {"learning_rate": [0.1, 0.3, 1.0]}, data,
@@ -194,22 +213,31 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
   repetitions = _args.repetitions(repetitions)
   key = _args.key(key)
   release_all_scores = _args.flag("release_all_scores", release_all_scores)
+  run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  space, data, event, eps, sigma = prepare(
-      config, search_space, data, delta=delta, target_epsilon=target_epsilon,
-      outer=lambda cand: acc.RepeatAndSelect(cand, repetitions))
-  cands = draw_search(space, repetitions, key)
-  results = engine.train_candidates(cands, data, keep_params=True, **engine_kwargs) if cands else []
-  best = best_index(results)
-  released = best is not None
+  prepared = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
+                     outer=lambda cand: acc.RepeatAndSelect(cand, repetitions))
+  with durable.CandidateStore.for_search(
+      "random_search", prepared.space, prepared.data, key, run_dir=run_dir, trainer=trainer,
+      engine_kwargs=engine_kwargs, repetitions=repetitions, delta=float(delta),
+      target_epsilon=target_epsilon) as store:
+    cands = draw_search(prepared.space, repetitions, key)
+    results = store.train(cands)
+  return _released(prepared, delta, cands, results, best_index(results), release_all_scores)
+
+
+def _released(prepared: Prepared, delta: float, cands: list, results: list, chosen: Optional[int],
+              release_all_scores: bool) -> TunedResult:
+  """What a search releases: candidate `chosen` (None: nothing) of the `cands` it trained."""
+  some = chosen is not None
   return TunedResult(
-      hyperparameters=dict(cands[best].point) if released else None,
-      config=cands[best].config if released else None,
-      params=results[best].params if released else None,
-      score=float(results[best].score) if released else float("nan"),
-      num_candidates=len(cands), epsilon=eps, delta=float(delta), event=event,
+      hyperparameters=dict(cands[chosen].point) if some else None,
+      config=cands[chosen].config if some else None,
+      params=results[chosen].params if some else None,
+      score=float(results[chosen].score) if some else float("nan"), num_candidates=len(cands),
+      epsilon=prepared.epsilon, delta=float(delta), event=prepared.event,
       all_scores=_release_scores(cands, results, release_all_scores),
-      score_source=score_source(space.base.task), noise_multiplier=sigma)
+      score_source=score_source(prepared.space.base.task), noise_multiplier=prepared.noise_multiplier)
 
 
 def dry_run(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
@@ -234,6 +262,7 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
                      data: Dataset, *, threshold: float, stop_prob: float, key: jax.Array,
                      max_candidates: Optional[int] = None, delta: float = 1e-5,
                      target_epsilon: Optional[float] = None, release_all_scores: bool = False,
+                     run_dir: Optional[str] = None, trainer: Optional[durable.Trainer] = None,
                      **engine_kwargs) -> TunedResult:
   """Liu-Talwar Algorithm 1 with random stopping.
 
@@ -247,7 +276,9 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
 
   Args:
     config, search_space, data, key, delta, target_epsilon,
-    release_all_scores, **engine_kwargs: as in `random_search`.
+    release_all_scores, trainer, **engine_kwargs: as in `random_search`.
+    run_dir: as in `random_search`; a rerun replays the same candidates and
+      stop decisions and resumes at the first candidate not yet stored.
     threshold: a finite score to reach (the task's score).
     stop_prob: probability in (0, 1] of stopping after a failed candidate.
     max_candidates: None or an integer >= 1: a hard cap on candidates.
@@ -262,30 +293,20 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
     max_candidates = _validate.integer("max_candidates", max_candidates, low=1)
   key = _args.key(key)
   release_all_scores = _args.flag("release_all_scores", release_all_scores)
+  run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  space, data, event, eps, sigma = prepare(
-      config, search_space, data, delta=delta, target_epsilon=target_epsilon,
-      outer=lambda cand: acc.ThresholdSelect(cand, stop_prob, max_candidates))
-  source = score_source(space.base.task)
+  prepared = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
+                     outer=lambda cand: acc.ThresholdSelect(cand, stop_prob, max_candidates))
   cands, results = [], []
-  j = 0
-  while max_candidates is None or j < max_candidates:
-    key, draw_key, stop_key = jax.random.split(key, 3)
-    cand = _draw_candidates(space, 1, draw_key)[0]
-    res = engine.train_candidates([cand], data, keep_params=True, **engine_kwargs)[0]
-    cands.append(cand)
-    results.append(res)
-    j += 1
-    if not math.isnan(res.score) and res.score >= threshold:
-      return TunedResult(
-          hyperparameters=dict(cand.point), config=cand.config, params=res.params, score=res.score,
-          num_candidates=j, epsilon=eps, delta=float(delta), event=event,
-          all_scores=_release_scores(cands, results, release_all_scores), score_source=source,
-          noise_multiplier=sigma)
-    if bool(jax.random.bernoulli(stop_key, stop_prob)):
-      break
-  return TunedResult(
-      hyperparameters=None, config=None, params=None, score=float("nan"), num_candidates=j,
-      epsilon=eps, delta=float(delta), event=event,
-      all_scores=_release_scores(cands, results, release_all_scores), score_source=source,
-      noise_multiplier=sigma)
+  with durable.CandidateStore.for_search(
+      "threshold_search", prepared.space, prepared.data, key, run_dir=run_dir, trainer=trainer,
+      engine_kwargs=engine_kwargs, threshold=threshold, stop_prob=stop_prob,
+      max_candidates=max_candidates, delta=float(delta), target_epsilon=target_epsilon) as store:
+    for draw_key, stop_key in _threshold_keys(key, max_candidates):
+      cands.append(_draw_candidates(prepared.space, 1, draw_key)[0])
+      results.append(store.train(cands[-1:])[0])  # a stored candidate is read back, not trained
+      if not math.isnan(results[-1].score) and results[-1].score >= threshold:
+        return _released(prepared, delta, cands, results, len(cands) - 1, release_all_scores)
+      if bool(jax.random.bernoulli(stop_key, stop_prob)):
+        break
+  return _released(prepared, delta, cands, results, None, release_all_scores)

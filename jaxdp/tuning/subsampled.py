@@ -38,10 +38,10 @@ import numpy as np
 from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
-from jaxdp.sweep import engine
 from jaxdp.sweep.space import SearchSpace
 from jaxdp.train import TrainConfig, train_candidate
 from jaxdp.tuning import _args
+from jaxdp.tuning import durable
 from jaxdp.tuning import planning
 from jaxdp.tuning import search as search_lib
 
@@ -202,6 +202,7 @@ def extrapolate(config: TrainConfig, subset_size: int, final_size: int) -> tuple
 def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
                       data: Dataset, *, q: float, variant: int, repetitions: acc.KDistribution,
                       key: jax.Array, delta: float = 1e-5, warm_start: bool = False,
+                      run_dir: Optional[str] = None, trainer: Optional[durable.Trainer] = None,
                       **engine_kwargs) -> SubsampledResult:
   """Koskela-Kulkarni private tuning on a Poisson subset, then one final run.
 
@@ -216,7 +217,9 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
     key: PRNG key for the subset, K, the draws and every training run.
     delta: delta at which epsilon is reported.
     warm_start: start the final run from the tuned model's parameters.
-    **engine_kwargs: passed to `jaxdp.sweep.train_candidates` for the tuning.
+    run_dir, trainer: as in `jaxdp.tuning.random_search` (the tuning runs
+      through `trainer`; the final run is stored too, under "final").
+    **engine_kwargs: passed to the trainer for the tuning.
 
   Returns:
     A `SubsampledResult`.
@@ -231,34 +234,42 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   """
   # Every argument is checked before the subset is drawn, K is drawn or
   # anything trains, so whether the call fails never depends on the draws.
+  run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
   args = _checked(config, search_space, data, q=q, variant=variant, repetitions=repetitions,
                   key=key, delta=delta, warm_start=warm_start, engine_kwargs=engine_kwargs)
   subset_key, search_key, final_key = jax.random.split(args.key, 3)
   mask, final_mask = _draw_subset(args, subset_key)
   subset = _split(args.data, mask, f"X1, q={args.q:g}", args.m)
-  # Papernot-Steinke random search on X1, with the same key use as `random_search`.
-  space, m, n = args.space, args.m, args.n
-  cands = search_lib.draw_search(space, args.repetitions, search_key)
-  results = (engine.train_candidates(cands, subset, keep_params=True, **args.engine_kwargs)
-             if cands else [])
-  best = search_lib.best_index(results)
-  released = best is not None
-  chosen_point = dict(cands[best].point) if released else dict(space.points[0])
-  chosen = cands[best].config if released else space.configs[0]
-  warm = results[best].params if (args.warm_start and released) else None
-  final_config, factor, final = _final_run(args, chosen, final_mask, final_key, warm)
+  with durable.CandidateStore.for_search(
+      "subsampled_search", args.space, args.data, args.key, run_dir=run_dir, trainer=trainer,
+      engine_kwargs=args.engine_kwargs, trains_on=subset, q=args.q, variant=args.variant,
+      repetitions=args.repetitions, delta=args.delta, warm_start=args.warm_start) as store:
+    # Papernot-Steinke random search on X1, with the same key use as `random_search`.
+    cands = search_lib.draw_search(args.space, args.repetitions, search_key)
+    results = store.train(cands)
+    best = search_lib.best_index(results)
+    chosen = cands[best].config if best is not None else args.space.configs[0]
+    warm = results[best].params if (args.warm_start and best is not None) else None
+    final_config, factor = extrapolate(chosen, args.m, args.n)
+    final = store.train_lone("final", final_config,
+                             lambda: _final_run(args, final_config, final_mask, final_key, warm))
+  return _result(args, cands, results, best, final_config, factor, final, mask)
 
-  spent = sum(_cost(c.config, m) for c in cands) + _cost(final_config, n)
-  mean_cost = float(np.mean([_cost(c, args.data.num_examples) for c in space.configs]))
+
+def _result(args, cands, results, best, final_config, factor, final, mask) -> SubsampledResult:
+  released = best is not None
+  chosen_point = dict(cands[best].point) if released else dict(args.space.points[0])
+  spent = sum(_cost(c.config, args.m) for c in cands) + _cost(final_config, args.n)
+  mean_cost = float(np.mean([_cost(c, args.data.num_examples) for c in args.space.configs]))
   return SubsampledResult(
       params=final.params, final_config=final_config,
       tuned_hyperparameters=chosen_point if released else None,
       final_hyperparameters={name: final_config.value(name) for name in chosen_point},
       learning_rate_factor=factor, tuned_score=float(results[best].score) if released else float("nan"),
-      test_score=float(final.test_score), num_candidates=len(cands), subset_size=m, final_train_size=n,
-      variant=args.variant, q=args.q, epsilon=args.epsilon, delta=args.delta, event=args.event,
-      gradient_evaluations=spent, baseline_gradient_evaluations=args.repetitions.mean * mean_cost,
-      subset_mask=mask)
+      test_score=float(final.test_score), num_candidates=len(cands), subset_size=args.m,
+      final_train_size=args.n, variant=args.variant, q=args.q, epsilon=args.epsilon,
+      delta=args.delta, event=args.event, gradient_evaluations=spent,
+      baseline_gradient_evaluations=args.repetitions.mean * mean_cost, subset_mask=mask)
 
 
 class _Checked(NamedTuple):
@@ -309,14 +320,11 @@ def _checked(config, search_space, data, *, q, variant, repetitions, key, delta,
                   engine_kwargs, event, eps)
 
 
-def _final_run(args: _Checked, chosen: TrainConfig, final_mask: np.ndarray, final_key: jax.Array,
-               warm: Any) -> tuple:
-  """(final config, learning-rate factor, result): `chosen` extrapolated from m to n
-  and trained once on X \\ X1 (variant 1) or X (variant 2)."""
-  final_config, factor = extrapolate(chosen, args.m, args.n)
+def _final_run(args: _Checked, final_config: TrainConfig, final_mask: np.ndarray,
+               final_key: jax.Array, warm: Any):
+  """The final model: `final_config` trained once on X \\ X1 (variant 1) or X (variant 2)."""
   final_data = _split(args.data, final_mask, "X \\ X1" if args.variant == 1 else "X", args.n)
-  return final_config, factor, train_candidate(final_config, final_data, final_key,
-                                               initial_params=warm)
+  return train_candidate(final_config, final_data, final_key, initial_params=warm)
 
 
 def _draw_subset(args: _Checked, subset_key: jax.Array) -> tuple[np.ndarray, np.ndarray]:

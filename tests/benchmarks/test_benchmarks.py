@@ -5,9 +5,9 @@ it: a fresh interpreter, so the scripts' own XLA flags apply), and only the
 shape of the output is checked: keys, types, finiteness. Timings are never
 asserted; they depend on the machine and on whatever else runs on it.
 
-They are marked slow (about 50 s together, mostly compiling in fresh
-interpreters): `make test-slow`, which CI runs on every submission, finds a
-benchmark that no longer runs.
+They are marked slow (about 110 s together, mostly compiling in fresh
+interpreters and starting Ray for `scale_out`): `make test-slow`, which CI
+runs on every submission, finds a benchmark that no longer runs.
 """
 
 import json
@@ -105,3 +105,22 @@ def test_dpsgd_memory_benchmark():
   assert out["ratios"][0]["memory_ghost_over_vmap"] < 1  # compiled sizes, not timings: deterministic
   _positive_numbers(out, ["budget_bytes", "devices"])
   assert {"backend", "device_kind", "cpu_count", "jax_version"} <= set(out)
+
+
+def test_scale_out_benchmark():
+  out = _run("benchmarks.scale_out", "--quick")
+  assert out["quick"] is True and out["candidates"] == 2 and out["chunk_size"] == 1
+  for path in ("local", "ray_one_node", "ray_two_nodes"):
+    _positive_numbers(out[path], ["cold_seconds", "cold_candidates_per_hour", "warm_seconds",
+                                  "warm_candidates_per_hour"])
+  assert out["ray_one_node"]["nodes"] == 1 and out["ray_two_nodes"]["nodes"] == 2
+  assert out["same_release"] is True  # every backend releases the same candidate
+  _positive_numbers(out, ["ray_one_node_over_local_warm", "ray_two_nodes_over_local_warm"])
+  resume = out["resume"]
+  # Whatever the kill left, the rerun trains the rest and a third run trains nothing.
+  assert 1 <= resume["stored_at_kill"] <= 2 and resume["rerun_trained"] == 2 - resume["stored_at_kill"]
+  assert resume["all_stored_rerun_trained"] == 0 and resume["same_release"] is True
+  _positive_numbers(resume, ["uninterrupted_process_seconds", "rerun_process_seconds",
+                             "all_stored_rerun_process_seconds"])
+  _positive_numbers(out["one_candidate"], ["devices_1_examples_per_s", "devices_2_examples_per_s",
+                                           "speedup_2_over_1"])

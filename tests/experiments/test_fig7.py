@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from jaxdp.experiments import common, fig7
+from jaxdp.experiments import fig7
+from jaxdp.sweep.space import config_record
 from tests.experiments.tiny_profiles import FIG7_TINY as TINY
 
 def test_outputs_and_csv(fig7_tiny_run):
@@ -99,11 +100,11 @@ def test_config_record_is_json_and_describes_the_sweep():
   # Pool fingerprints and manifests hold the task's name, every config field and the
   # hyperparameters as plain JSON; the same profile gives the same record (no object addresses).
   config = fig7.base_config(TINY, 1437)
-  record = common.config_record(config)
+  record = config_record(config)
   assert json.loads(json.dumps(record)) == record
   assert record["task"] == config.task.name and "classifier" in record["task"]
   assert record["hparams"] == {"activation": "tanh", "learning_rate": 0.1, "model": "logreg"}
   assert record["sampling_prob"] == pytest.approx(64 / 1437) and record["epochs"] == 2
-  assert common.config_record(fig7.base_config(TINY, 1437)) == record
+  assert config_record(fig7.base_config(TINY, 1437)) == record
   # One task object per preset: configs of a pipeline share compiled programs.
   assert fig7.base_config(TINY, 1437).task is config.task

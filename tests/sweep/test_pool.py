@@ -280,3 +280,52 @@ def test_sigkill_loses_at_most_the_chunk_in_flight(tmp_path):
   ids = [json.loads(l)["id"] for l in results.read_text().splitlines()]
   assert len(ids) == len(set(ids)) == 6
   assert ids[:len(kept)] == kept  # finished candidates were kept, not retrained
+
+
+# ---------------------------------------------------------------------------- parameters
+
+
+def _trees():
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  return {"a": {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.float32(-0.5)},
+          "b": {"w": np.asarray(jnp.array([1.5, -2.25], jnp.bfloat16)), "b": np.int32(7)}}
+
+
+def test_parameters_round_trip_bit_for_bit_in_any_dtype(tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  trees = _trees()
+  with ResultPool(tmp_path, FP) as pool:
+    pool.append([{"id": "a", "score": 1.0}, {"id": "b", "score": 2.0}], params=trees)
+  with ResultPool(tmp_path, FP, read_only=True) as again:
+    leaves = again.load_params(again.records)
+  for rid, tree in trees.items():
+    for got, want in zip(leaves[rid], jax.tree.leaves(tree)):
+      want = np.asarray(want)
+      assert got.dtype == want.dtype and got.shape == want.shape
+      assert got.tobytes() == want.tobytes()
+
+
+def test_a_damaged_parameter_file_costs_its_records_which_drop_quarantines(tmp_path):
+  from jaxdp.sweep.pool import ParamsDamagedError  # pylint: disable=g-import-not-at-top
+  with ResultPool(tmp_path, FP) as pool:
+    pool.append([{"id": "a", "score": 1.0}], params={"a": _trees()["a"]})
+    pool.append([{"id": "b", "score": 2.0}], params={"b": _trees()["b"]})
+    pool.append([{"id": "c", "score": 3.0}])  # no parameters kept
+    files = sorted((tmp_path / "params").iterdir())
+    assert len(files) == 2
+    of_a = next(r for r in pool.records if r["id"] == "a")["params"]["file"]
+    (tmp_path / of_a).write_bytes((tmp_path / of_a).read_bytes()[:-3])  # truncated
+    with pytest.raises(ParamsDamagedError, match="fails its checksum") as info:
+      pool.load_params(pool.records)
+    assert info.value.ids == ["a", "c"]  # c never had any
+    with pytest.warns(UserWarning, match="moved to"):
+      pool.drop(info.value.ids, str(info.value))
+    assert pool.done_ids() == {"b"}
+    pool.append([{"id": "a", "score": 1.0}], params={"a": _trees()["a"]})  # trained again
+  with ResultPool(tmp_path, FP) as reopened:
+    assert reopened.done_ids() == {"a", "b"}
+    assert set(reopened.load_params(reopened.records)) == {"a", "b"}
+  quarantined = [json.loads(line)["id"] for line in (tmp_path / "results.jsonl.quarantine").read_text().splitlines()]
+  assert sorted(quarantined) == ["a", "c"]

@@ -38,3 +38,15 @@ def test_ray_backend_matches_local_engine_and_resumes(local_ray, tmp_path, digit
 def test_bad_chunk_size(local_ray, digits, base_config):
   with pytest.raises(ValueError, match="chunk_size"):
     train_candidates_ray([], digits, chunk_size=0)
+
+
+def test_a_worker_compiles_a_search_once(local_ray, digits, base_config):
+  # The candidates travel once per call; each worker deserialises them once, so its
+  # chunks share the `Task` objects, hence one compiled program per worker (two
+  # workers here), not one per chunk.
+  cands = grid_candidates(SearchSpace(base_config.replace(steps=7), {"learning_rate": [0.5, 1.0, 2.0]}),
+                          seeds=[0, 1])
+  results = train_candidates_ray(cands, digits, chunk_size=1)
+  compiled = [r for r in results if r.compile_time_s > 0]
+  assert 1 <= len(compiled) <= 2, [r.compile_time_s for r in results]
+

@@ -1,0 +1,251 @@
+"""Durable, resumable tuners: a crash costs nothing, a rerun is the same draw, another draw is refused."""
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import jaxdp
+from jaxdp import accounting as acc
+from jaxdp.audit import attacks, audit_search
+from jaxdp.data import Dataset
+from jaxdp.sweep import PoolLockedError, ResultPool, engine
+from jaxdp.tuning import durable, random_search, subsampled_search, threshold_search
+
+GRID = {"learning_rate": [0.3, 1.0, 3.0]}
+REPS = acc.Poisson(mean=4)
+
+
+class Crash(RuntimeError):
+  """The process died (simulated): nothing after it ran."""
+
+
+def crash_after(chunks: int, counter: list):
+  """A trainer that trains chunk by chunk (one candidate each) and dies after `chunks` of them."""
+  def trainer(candidates, data, *, on_chunk=None, **kwargs):
+    results = []
+    for cand in candidates:
+      if len(counter) >= chunks:
+        raise Crash(f"killed after {chunks} chunk(s)")
+      res = engine.train_candidates([cand], data, on_chunk=on_chunk, **kwargs)
+      counter.append(cand.id)
+      results += res
+    return results
+  return trainer
+
+
+def counting(counter: list):
+  def trainer(candidates, data, **kwargs):
+    counter.extend(c.id for c in candidates)
+    return engine.train_candidates(candidates, data, **kwargs)
+  return trainer
+
+
+def refusing(candidates, data, **kwargs):
+  raise AssertionError(f"trained {len(candidates)} candidate(s): the rerun should have been refused")
+
+
+def assert_same_release(a, b):
+  assert a.hyperparameters == b.hyperparameters and a.num_candidates == b.num_candidates
+  np.testing.assert_equal(a.score, b.score)  # NaN (nothing released) equals NaN here
+  assert a.epsilon == b.epsilon and a.event == b.event
+  assert (a.params is None) == (b.params is None)
+  # Bit for bit: the same program on the same machine, and stored bytes read back.
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert np.asarray(x).dtype == np.asarray(y).dtype
+
+
+def _search(base_config, digits, two_devices, **kw):
+  kwargs = dict(repetitions=REPS, key=jax.random.key(4), devices=two_devices)
+  kwargs.update(kw)
+  return random_search(base_config, GRID, digits, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(digits, base_config, two_devices):
+  return _search(base_config, digits, two_devices)
+
+
+def test_a_crashed_random_search_resumes_to_the_uninterrupted_release(uninterrupted, digits, base_config,
+                                                                     two_devices, tmp_path):
+  assert uninterrupted.num_candidates >= 3
+  first = []
+  with pytest.raises(Crash):
+    _search(base_config, digits, two_devices, run_dir=tmp_path, trainer=crash_after(2, first))
+  assert len(first) == 2
+  stored = [json.loads(line)["id"] for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+  assert stored == first  # both chunks on disk before the crash
+  second = []
+  resumed = _search(base_config, digits, two_devices, run_dir=tmp_path, trainer=counting(second))
+  # Only what was missing trains, and the release is the uninterrupted one.
+  assert not set(second) & set(first) and len(set(first) | set(second)) == len(set(
+      c.id for c in _drawn(base_config, digits)))
+  assert_same_release(resumed, uninterrupted)
+  # A third run trains nothing at all.
+  assert_same_release(_search(base_config, digits, two_devices, run_dir=tmp_path, trainer=refusing),
+                      uninterrupted)
+
+
+def _drawn(base_config, digits):
+  from jaxdp.sweep import SearchSpace  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning.search import draw_search  # pylint: disable=g-import-not-at-top
+  return draw_search(SearchSpace(base_config, GRID), REPS, jax.random.key(4))
+
+
+@pytest.mark.parametrize("change,why", [
+    (dict(key=jax.random.key(6)), "key"),
+    (dict(repetitions=acc.Poisson(mean=5)), "accounted"),
+    (dict(grid={"learning_rate": [0.3, 1.0]}), "points"),
+    (dict(config=dict(noise_multiplier=1.5)), "configs"),
+    (dict(data="one value changed"), "data"),
+    (dict(version="9.9"), "jaxdp"),
+], ids=["key", "law-of-K", "grid", "config", "data", "jaxdp-version"])
+def test_another_draw_on_the_same_run_dir_is_refused_before_training(change, why, digits, base_config,
+                                                                     two_devices, tmp_path, monkeypatch):
+  _search(base_config, digits, two_devices, run_dir=tmp_path, repetitions=acc.Poisson(mean=1))
+  kwargs = dict(repetitions=acc.Poisson(mean=1), key=jax.random.key(4), devices=two_devices,
+                run_dir=tmp_path, trainer=refusing)
+  config, grid, data = base_config, GRID, digits
+  if "key" in change or "repetitions" in change:
+    kwargs.update(change)
+  if "grid" in change:
+    grid = change["grid"]
+  if "config" in change:
+    config = base_config.replace(**change["config"])
+  if "data" in change:
+    x = np.array(digits.train.inputs)
+    x[0, 0, 0, 0] += 1.0
+    data = dataclasses.replace(digits, train=digits.train._replace(inputs=x))
+  if "version" in change:
+    monkeypatch.setattr(jaxdp, "__version__", change["version"])
+  with pytest.raises(durable.SearchMismatchError, match=rf"differs in: .*{why}.*second search on the same data"):
+    random_search(config, grid, data, **kwargs)
+
+
+def test_a_damaged_parameter_file_or_record_costs_only_its_candidates(uninterrupted, digits, base_config,
+                                                                      two_devices, tmp_path):
+  _search(base_config, digits, two_devices, run_dir=tmp_path)
+  files = sorted(os.listdir(tmp_path / "params"))
+  assert files
+  (tmp_path / "params" / files[0]).write_bytes(b"not what was written")
+  lines = (tmp_path / "results.jsonl").read_bytes().split(b"\n")
+  lines[-2] = lines[-2].replace(b'"score"', b'"scare"')  # the last record fails its checksum
+  (tmp_path / "results.jsonl").write_bytes(b"\n".join(lines))
+  retrained = []
+  with pytest.warns(UserWarning, match="quarantine"):
+    again = _search(base_config, digits, two_devices, run_dir=tmp_path, trainer=counting(retrained))
+  assert 1 <= len(retrained) < uninterrupted.num_candidates  # the rest was read back
+  assert_same_release(again, uninterrupted)
+  assert (tmp_path / "results.jsonl.quarantine").stat().st_size > 0
+
+
+def test_a_run_dir_locked_by_a_live_writer_or_not_writable_is_refused(digits, base_config, two_devices,
+                                                                      tmp_path):
+  with ResultPool(tmp_path / "busy", {"x": 1}):
+    with pytest.raises(PoolLockedError, match="is locked"):
+      _search(base_config, digits, two_devices, run_dir=tmp_path / "busy", trainer=refusing)
+  # A path that cannot be a directory, for any user (root included).
+  (tmp_path / "a-file").write_text("x")
+  with pytest.raises(ValueError, match="cannot be created"):
+    _search(base_config, digits, two_devices, run_dir=tmp_path / "a-file" / "run", trainer=refusing)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(run_dir=3), "run_dir must be None or a directory path"),
+    (dict(trainer="ray"), "trainer must be None or a callable"),
+])
+def test_bad_run_dir_or_trainer(bad, match, digits, base_config, two_devices, no_work):
+  with pytest.raises(ValueError, match=match):
+    _search(base_config, digits, two_devices, **bad)
+
+
+def test_threshold_search_resumes_at_its_candidate_index(digits, base_config, two_devices, tmp_path):
+  kwargs = dict(threshold=0.99, stop_prob=0.2, max_candidates=4, key=jax.random.key(3), devices=two_devices)
+  whole = threshold_search(base_config, GRID, digits, **kwargs)
+  assert whole.num_candidates >= 3
+  first = []
+  with pytest.raises(Crash):
+    threshold_search(base_config, GRID, digits, run_dir=tmp_path, trainer=crash_after(2, first), **kwargs)
+  second = []
+  resumed = threshold_search(base_config, GRID, digits, run_dir=tmp_path, trainer=counting(second),
+                             **kwargs)
+  assert len(first) == 2 and not set(second) & set(first)
+  assert_same_release(resumed, whole)
+
+
+def test_subsampled_search_resumes_and_keeps_its_final_model(digits, base_config, two_devices, tmp_path,
+                                                             monkeypatch):
+  kwargs = dict(q=0.3, variant=1, repetitions=acc.Poisson(mean=2), key=jax.random.key(3), devices=two_devices)
+  whole = subsampled_search(base_config, GRID, digits, **kwargs)
+  durable_run = subsampled_search(base_config, GRID, digits, run_dir=tmp_path, **kwargs)
+  for x, y in zip(jax.tree.leaves(whole.params), jax.tree.leaves(durable_run.params)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  # A rerun trains nothing: the tuning candidates and the final model are read back.
+  from jaxdp.tuning import subsampled  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(subsampled, "train_candidate", refusing)
+  again = subsampled_search(base_config, GRID, digits, run_dir=tmp_path, trainer=refusing, **kwargs)
+  assert again.tuned_hyperparameters == whole.tuned_hyperparameters
+  assert again.test_score == whole.test_score and again.epsilon == whole.epsilon
+  for x, y in zip(jax.tree.leaves(whole.params), jax.tree.leaves(again.params)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_audit_search_resumes_without_training_again(tmp_path):
+  gadget = attacks.selection_gadget(noise_multiplier=0.5)
+  kwargs = dict(repetitions=acc.Poisson(mean=2), statistic=gadget.statistic, trials=60, key=jax.random.key(0))
+  first = audit_search(gadget.config, gadget.grid, gadget.without, gadget.with_, run_dir=tmp_path, **kwargs)
+  again = audit_search(gadget.config, gadget.grid, gadget.without, gadget.with_, run_dir=tmp_path,
+                       trainer=refusing, **kwargs)
+  np.testing.assert_array_equal(first.statistics_without, again.statistics_without)
+  np.testing.assert_array_equal(first.statistics_with, again.statistics_with)
+  assert sorted(os.listdir(tmp_path)) == ["D", "D_prime"]
+
+
+def test_a_trainer_without_run_dir_is_the_backend(digits, base_config, two_devices, uninterrupted):
+  seen = []
+  res = _search(base_config, digits, two_devices, trainer=counting(seen))
+  assert len(seen) == uninterrupted.num_candidates
+  assert_same_release(res, uninterrupted)
+
+
+def test_the_fingerprint_reads_the_data_not_its_name(digits):
+  same = Dataset(train=digits.train, test=digits.test, num_examples=digits.num_examples, name="other")
+  assert durable.data_fingerprint(same) == durable.data_fingerprint(digits)
+  fewer = Dataset(train=digits.train, test=digits.test, num_examples=digits.num_examples - 1)
+  assert durable.data_fingerprint(fewer) != durable.data_fingerprint(digits)
+
+
+def test_ray_not_installed_is_one_clear_error_before_training(digits, base_config, tmp_path, monkeypatch):
+  from jaxdp.sweep.ray_backend import train_candidates_ray  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+  with pytest.raises(ValueError, match=r"the Ray backend needs Ray: pip install 'jaxdp\[ray\]'"):
+    random_search(base_config, GRID, digits, repetitions=REPS, key=jax.random.key(4), run_dir=tmp_path,
+                  trainer=train_candidates_ray)
+  assert not (tmp_path / "results.jsonl").exists()  # nothing trained
+
+
+def test_ray_backend_refuses_this_process_devices(digits, base_config, two_devices):
+  pytest.importorskip("ray")
+  from jaxdp.sweep.ray_backend import train_candidates_ray  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="a Ray task does not have"):
+    random_search(base_config, GRID, digits, repetitions=REPS, key=jax.random.key(4),
+                  trainer=train_candidates_ray, devices=two_devices)
+
+
+def test_an_unreachable_ray_address_is_one_clear_error_before_training(digits, base_config, tmp_path):
+  ray = pytest.importorskip("ray")
+  from jaxdp.sweep.ray_backend import train_candidates_ray  # pylint: disable=g-import-not-at-top
+  assert not ray.is_initialized()  # `address` is read only when Ray is not initialised
+  trainer = functools.partial(train_candidates_ray, address="127.0.0.1:9")  # the discard port
+  with pytest.raises(ValueError, match=r"cannot reach Ray at address='127.0.0.1:9' \(Connection refused\)"):
+    random_search(base_config, GRID, digits, repetitions=REPS, key=jax.random.key(4), run_dir=tmp_path,
+                  trainer=trainer)
+  assert not (tmp_path / "results.jsonl").exists()
+  with pytest.raises(ValueError, match=r"address must be None, 'auto', 'local' or 'host:port'"):
+    train_candidates_ray([], digits, address="nowhere")
