@@ -100,8 +100,9 @@ print(f"private train N = {data.num_examples}, private validation {len(val_idx)}
 # (`learning_rate`, `weight_decay`) are *traced*: candidates that differ only in them are
 # vmapped inside one compiled program. Everything else (ints, strings, objects, and anything the
 # model factory reads, such as `width`) is *static*: the engine compiles once per distinct set of
-# static values. A float the optimizer uses in Python control flow must be declared
-# `Task(static=("name",))`. A hyperparameter neither factory reads is an error, not a silent no-op.
+# static values. A float the optimizer factory needs as a concrete value (an optax schedule's
+# peak, say) is detected and made static too; the dry run says which and why. A hyperparameter
+# neither factory reads is an error, not a silent no-op.
 #
 # **Privacy parameters.** `batch_size=50` is an *expected* batch: every example joins each
 # step's batch independently with probability q = 50 / N. jaxdp treats the training set size N

@@ -12,6 +12,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -49,6 +51,7 @@ def test_section_explains_the_privacy_model():
     assert phrase in section, phrase
 
 
+@pytest.mark.slow  # a fresh interpreter runs the snippet's whole search: about 16 s
 def test_tune_your_own_model_snippet_runs():
   section = _section()
   code, quoted = _block(section, "python"), _block(section, "text")

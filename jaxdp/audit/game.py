@@ -162,7 +162,8 @@ def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional
                  statistic: Statistic, trials: int, key: jax.Array, delta: float = 1e-5,
                  confidence: float = 0.95, methods: Sequence[str] = ("rdp", "profile", "best"),
                  progress: bool = False, run_dir: Optional[str] = None,
-                 trainer: Optional[durable.Trainer] = None, **engine_kwargs) -> AuditResult:
+                 trainer: Optional[durable.Trainer] = None, initial_params: Any = None,
+                 **engine_kwargs) -> AuditResult:
   """Audits `random_search(config, search_space, ·, repetitions=...)` on D = `without`, D' = `with_`.
 
   Args:
@@ -178,7 +179,7 @@ def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional
     confidence: level of the lower bound, in (0, 1).
     methods: accounting methods to report.
     progress: progress bar over trials.
-    run_dir, trainer: as in `jaxdp.tuning.random_search`; the sides keep their
+    run_dir, trainer, initial_params: as in `jaxdp.tuning.random_search`; the sides keep their
       candidates in `<run_dir>/D` and `<run_dir>/D_prime`.
     **engine_kwargs: `devices`, `max_candidates_per_device`.
 
@@ -208,7 +209,8 @@ def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional
     for side, (data, name) in enumerate(((without, "D"), (with_, "D_prime"))):
       store = durable.CandidateStore.for_search(
           "audit_search", space, data, key, run_dir=run_dir and os.path.join(run_dir, name),
-          trainer=trainer, engine_kwargs=engine_kwargs, side=name, trials=trials, repetitions=repetitions)
+          trainer=trainer, engine_kwargs=engine_kwargs, initial_params=initial_params, side=name,
+          trials=trials, repetitions=repetitions)
       with store:
         values, n = _run_side(space, data, repetitions, side, key, trials, statistic, store, bar)
       sides.append(values)

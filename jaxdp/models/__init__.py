@@ -2,11 +2,12 @@
 
 from jaxdp.models.activations import ACTIVATIONS, TemperedSigmoid, get_activation
 from jaxdp.models.layers import CONV_IMPLS, Conv2D, extract_patches, max_pool
+from jaxdp.models.lora import LoRAConv, LoRADense
 from jaxdp.models.nets import (MLP, MODELS, LogisticRegression, OpacusMnistCNN,
                                PapernotSteinkeCNN, get_model)
 
 __all__ = [
-    "ACTIVATIONS", "CONV_IMPLS", "MLP", "MODELS", "Conv2D", "LogisticRegression",
+    "ACTIVATIONS", "CONV_IMPLS", "MLP", "MODELS", "Conv2D", "LoRAConv", "LoRADense", "LogisticRegression",
     "OpacusMnistCNN", "PapernotSteinkeCNN", "TemperedSigmoid", "extract_patches",
     "get_activation", "get_model", "max_pool",
 ]

@@ -38,7 +38,7 @@ import functools
 import math
 import os
 import time
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -135,20 +135,20 @@ def _build_program(spec: LoopSpec, devices: tuple, per_device: int, data_paralle
     # One candidate per device runs the lone program itself: under vmap its
     # while loops and conds would become selects over the candidate axis,
     # which costs time and gains nothing for a single candidate.
-    def fn(plan, traced, keys, train, test, validation):
+    def fn(plan, traced, keys, train, test, validation, initial):
       one = jax.tree.map(lambda x: x[0], (plan, traced, keys))
-      return jax.tree.map(lambda x: x[None], run(*one, train, test, validation))
+      return jax.tree.map(lambda x: x[None], run(*one, train, test, validation, initial))
   else:
     # The very program `train_candidate` runs, vmapped: a batched candidate
     # equals a lone run given `candidate.key()`.
-    fn = jax.vmap(run, in_axes=(0, 0, 0, None, None, None))
+    fn = jax.vmap(run, in_axes=(0, 0, 0, None, None, None, None))
   # Candidates are split over "candidates" and replicated over "data": every
   # device of a candidate gets its plan, hyperparameters and key, and returns
   # the same (replicated) outputs. Only the clipped-gradient psum crosses
   # devices, so the replication checks (which reject the init params in the
   # loop carry) are off.
   fn = jax.shard_map(fn, mesh=_mesh(devices, data_parallel),
-                     in_specs=(P("candidates"), P("candidates"), P("candidates"), P(), P(), P()),
+                     in_specs=(P("candidates"), P("candidates"), P("candidates"), P(), P(), P(), P()),
                      out_specs=P("candidates"), check_vma=False)
   return jax.jit(fn)
 
@@ -230,14 +230,17 @@ def _chunk_inputs(candidates, part: list, chunk: int, n: int, spec: LoopSpec, me
 
 
 def _dispatch_group(group: _Group, candidates, data: Dataset, splits: tuple, devices: tuple,
-                    per_device: int, bar) -> Iterator[_Job]:
+                    per_device: int, initial, bar) -> Iterator[_Job]:
   """Dispatches the group's chunks one by one (asynchronously: each returns at once)."""
   mesh = _mesh(devices, group.data_parallel)
   chunk = per_device * mesh.shape["candidates"]
+  if initial is not None:  # replicated once per group
+    initial = jax.device_put(initial, NamedSharding(mesh, P()))
   compile_s = None
   for start in range(0, len(group.indices), chunk):
     part = group.indices[start:start + chunk]
-    args = (*_chunk_inputs(candidates, part, chunk, data.num_examples, group.spec, mesh), *splits)
+    args = (*_chunk_inputs(candidates, part, chunk, data.num_examples, group.spec, mesh), *splits,
+            initial)
     if compile_s is None:
       bar.set_postfix_str("compiling")
       executable, compile_s = _compiled_chunk(group.spec, devices, per_device, group.data_parallel,
@@ -285,7 +288,8 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
                      devices: Optional[Sequence[jax.Device]] = None,
                      keep_params: bool = False, progress: bool = False,
                      on_chunk: Optional[Callable[[list], None]] = None,
-                     search_size: Optional[int] = None) -> list[CandidateResult]:
+                     search_size: Optional[int] = None,
+                     initial_params: Optional[Any] = None) -> list[CandidateResult]:
   """Trains every candidate; returns `CandidateResult`s in the input order.
 
   Chunks are dispatched asynchronously: while the devices train one chunk,
@@ -305,6 +309,11 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
     progress: show a progress bar with ETA (and each group's compile time).
     on_chunk: called with the list of (candidate, result) pairs of every chunk
       as soon as it finishes (the durable pool appends them to disk).
+    initial_params: None, or public parameters every candidate starts from:
+      all of the model's or some (a pretrained backbone; the rest is
+      initialised from each candidate's key), see
+      `jaxdp.train.checks.check_initial_params`. Checked against every
+      group's model before anything trains.
     search_size: the number of candidates the automatic layout is chosen for
       (None: each group's own): the data-parallel degree P
       (`data_parallel_degree`) and how many candidates a chunk holds. The
@@ -330,6 +339,11 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
   if search_size is not None:
     search_size = _validate.integer("search_size", search_size, low=1)
   groups = _groups(candidates, data, len(devices), search_size)
+  # Shaped like each group's parameters (None where initialised from the key); a mismatch
+  # with any group's model raises here, before anything trains.
+  initials = [None if initial_params is None else
+              checks.check_initial_params(initial_params, program.param_shapes(g.spec, data.train))
+              for g in groups]
   mesh = Mesh(np.array(devices), ("devices",))
   # Once per call, replicated on every device: no host round-trip per chunk.
   splits = jax.device_put(device_splits(data), NamedSharding(mesh, P()))
@@ -342,7 +356,8 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
                                                                             splits[0])
       slots = len(devices) // group.data_parallel  # candidates trained side by side
       per_device = min(per_device, math.ceil((search_size or len(group.indices)) / slots))
-      for job in _dispatch_group(group, candidates, data, splits, devices, per_device, bar):
+      for job in _dispatch_group(group, candidates, data, splits, devices, per_device, initials[g],
+                                 bar):
         if pending is not None:
           collector.finish(pending)  # the host's work overlaps the job just dispatched
         pending = job

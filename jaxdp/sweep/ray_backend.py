@@ -27,16 +27,17 @@ def _require_ray():
   return ray
 
 
-# What each worker process has deserialised, by object id: the candidates and
-# the data of one call are put in Ray's object store once, and a worker turns
-# them into objects once. Its tasks then share the same `Task` objects, hence
+# What each worker process has deserialised, by object id: the candidates, the
+# data and the engine's arguments (initial parameters included) of one call are
+# put in Ray's object store once, and a worker turns them into objects once. Its tasks then share the same `Task` objects, hence
 # (tasks compare by identity in a `LoopSpec`) the same compiled programs: only
 # a worker's first chunk of a call compiles.
 _SHARED = LruCache(2)
 
 
 def _shared(box: list):
-  """(candidates, data) of the call whose object ref `box` holds (a list, so Ray passes the ref)."""
+  """(candidates, data, engine kwargs) of the call whose object ref `box` holds (a list, so Ray
+  passes the ref itself)."""
   ref = box[0]
   return _SHARED.get_or_build(ref.binary(), lambda: _require_ray().get(ref))
 
@@ -60,8 +61,8 @@ def _check_reachable(address: Optional[str], timeout_s: float = 5.0) -> None:
                      f"running there (`ray start --head --port={port}`)?") from None
 
 
-def _train_chunk(box: list, indices: list, engine_kwargs: dict) -> list:
-  candidates, data = _shared(box)
+def _train_chunk(box: list, indices: list) -> list:
+  candidates, data, engine_kwargs = _shared(box)
   return engine.train_candidates([candidates[i] for i in indices], data, **engine_kwargs)
 
 
@@ -111,16 +112,16 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
       raise ValueError(f"cannot start or reach Ray (address={address!r}): {type(err).__name__}: "
                        f"{err}") from err
   remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=max_retries)(_train_chunk)
-  box = [ray.put((list(candidates), data))]
   # Every task chooses the layout of a full chunk (or of the whole, smaller
   # search), so a candidate gets the same bits in whichever chunk it lands:
   # the short last chunk, or a rerun of only what a crash left missing.
   search_size = min(chunk_size, engine_kwargs.pop("search_size", None) or chunk_size)
   kwargs = dict(engine_kwargs, keep_params=keep_params, search_size=search_size)
+  box = [ray.put((list(candidates), data, kwargs))]
   pending = {}
   for start in range(0, len(candidates), chunk_size):
     idx = list(range(start, min(start + chunk_size, len(candidates))))
-    pending[remote.remote(box, idx, kwargs)] = idx
+    pending[remote.remote(box, idx)] = idx
   results: list = [None] * len(candidates)
   with tqdm(total=len(candidates), disable=not progress, desc="candidates (ray)", unit="cand") as bar:
     while pending:

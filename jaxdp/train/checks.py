@@ -21,6 +21,7 @@ from jaxdp.train.plan import DpSgdPlan
 from jaxdp.train.program import (LoopSpec, abstract, build_evaluate, build_private_score,
                                  build_train_loop, device_dtype)
 from jaxdp.train.task import Task, check_scalar
+from jaxdp.train.trainable import path_str
 
 PyTree = Any
 
@@ -114,20 +115,40 @@ def _check_task(spec: LoopSpec, data: Dataset) -> None:
     raise ValueError(f"task {task.name!r}: one DP step fails with static hyperparameters "
                      f"{dict(spec.static_hparams)} and traced {list(spec.traced_names)}: "
                      f"{type(err).__name__}: {err}. A factory that needs a concrete value "
-                     f"(Python control flow) must declare it Task(static=(...))") from err
+                     f"(Python control flow) the automatic detection missed must declare it "
+                     f"Task(static=(...))") from err
 
 
 def check_initial_params(given: PyTree, expected: PyTree) -> PyTree:
-  """`given` cast to the model's dtypes, after checking it matches its parameter tree."""
-  if jax.tree.structure(given) != jax.tree.structure(expected):
-    raise ValueError(f"initial_params must have the model's parameter structure "
-                     f"{jax.tree.structure(expected)}, got {jax.tree.structure(given)}")
-  for g, e in zip(jax.tree.leaves(given), jax.tree.leaves(expected)):
-    if tuple(jnp.shape(g)) != tuple(e.shape):
-      raise ValueError(f"initial_params leaf has shape {tuple(jnp.shape(g))}, the model needs {tuple(e.shape)}")
+  """`given` as a tree shaped like the model's parameters `expected`, None where it holds no leaf.
+
+  `given` may hold every parameter (a checkpoint of this model) or only some
+  (a pretrained backbone without the new head, or without LoRA adapters): a
+  nested mapping whose paths are paths of the model's parameters. The leaves
+  it holds are cast to the model's dtypes; the others stay None, to be
+  initialised as usual (`jaxdp.train.trainable.combine(result, init)`).
+
+  Raises:
+    ValueError: a path that is not a parameter of the model, or a leaf whose
+      shape differs from the model's (each named).
+  """
+  want = {path_str(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(expected)[0]}
+  got = {path_str(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(given)[0]}
+  unknown = sorted(set(got) - set(want))
+  if unknown or not got:
+    raise ValueError(f"initial_params must have the model's parameter structure, or part of it: "
+                     f"the model has no {unknown or 'array'} (its parameters are {sorted(want)})")
+  for path, leaf in got.items():
+    if tuple(jnp.shape(leaf)) != tuple(want[path].shape):
+      raise ValueError(f"initial_params leaf {path!r} has shape {tuple(jnp.shape(leaf))}, the model "
+                       f"needs {tuple(want[path].shape)}")
+
   # Through the host, so arrays placed or sharded elsewhere (e.g. by the sweep
   # engine) do not make the jitted loop recompile for a new input sharding.
-  return jax.tree.map(lambda g, e: jnp.asarray(np.asarray(g), e.dtype), given, expected)
+  def pick(path, e):
+    leaf = got.get(path_str(path))
+    return None if leaf is None else jnp.asarray(np.asarray(leaf), e.dtype)
+  return jax.tree_util.tree_map_with_path(pick, expected)
 
 
 def check_key(key: Any) -> jax.Array:

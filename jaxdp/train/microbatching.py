@@ -55,20 +55,22 @@ def _jaxpr_bytes(jaxpr) -> int:
   return total
 
 
-def per_example_bytes(loss_fn: Callable[[PyTree, PyTree], jax.Array], params: PyTree,
-                      example: PyTree) -> int:
+def per_example_bytes(loss_fn: Callable[..., jax.Array], params: PyTree, example: PyTree,
+                      *constants: PyTree) -> int:
   """Bytes of every value in the gradient of one example's loss (traced, not run).
 
   Args:
-    loss_fn: per-example loss `(params, batch) -> (b,)`.
-    params: parameters or their `jax.ShapeDtypeStruct`s.
+    loss_fn: per-example loss `(params, batch, *constants) -> (b,)`.
+    params: parameters or their `jax.ShapeDtypeStruct`s (differentiated).
     example: a batch of ONE example (leading axis 1), arrays or
       `jax.ShapeDtypeStruct`s.
+    *constants: further inputs of the loss that are not differentiated
+      (frozen parameters), arrays or `jax.ShapeDtypeStruct`s.
 
   Returns:
     A positive int.
   """
-  closed = jax.make_jaxpr(jax.grad(lambda p, b: loss_fn(p, b)[0]))(params, example)
+  closed = jax.make_jaxpr(jax.grad(lambda p, b, *c: loss_fn(p, b, *c)[0]))(params, example, *constants)
   return max(1, _jaxpr_bytes(closed.jaxpr))
 
 

@@ -27,6 +27,7 @@ from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
 from jaxdp.train import microbatching
+from jaxdp.train import trainable as trainable_lib
 from jaxdp.train.config import TrainConfig
 from jaxdp.train.plan import DpSgdPlan
 from jaxdp.train.sampling import default_padded_batch_size, validate_batch_sizes
@@ -77,6 +78,8 @@ class LoopSpec:
   Attributes:
     task: the `Task` (compared by identity).
     static_hparams: sorted (name, value) pairs of the static hyperparameters.
+    auto_static: sorted (name, why) pairs of the floats made static because the
+      optimizer factory needs their values (`Task.concrete_hparams`).
     traced_names: names of the traced hyperparameters (vmapped arrays).
     train_structure: pytree structure, per-example shapes and dtypes of the
       training data.
@@ -90,6 +93,7 @@ class LoopSpec:
   task: Task
   static_hparams: tuple
   traced_names: tuple
+  auto_static: tuple = ()
   train_structure: tuple
   num_examples: int
   sampling_prob: float
@@ -107,6 +111,8 @@ class LoopSpec:
     micro = ex.microbatch_size
     padded = ex.padded_batch_size
     static, traced = config.task.split_hparams(config.hparams)
+    auto = _auto_static(config.task, static, tuple(sorted(traced)), data.train)
+    static.update({name: traced.pop(name) for name in auto})
     static = _hashable_items(config.task, static)
     # Padding is sized from the rows present (a shape, performance only);
     # q and T above come from the declared N only.
@@ -124,7 +130,7 @@ class LoopSpec:
     elif padded is None:
       padded = default_padded_batch_size(rows, q, micro)
     validate_batch_sizes(padded, micro)
-    return cls(task=config.task, static_hparams=static,
+    return cls(task=config.task, static_hparams=static, auto_static=tuple(sorted(auto.items())),
                traced_names=tuple(sorted(traced)), train_structure=structure(data.train),
                num_examples=n, sampling_prob=q, num_steps=config.num_steps_for(n),
                padded_batch_size=padded, microbatch_size=micro, eval_batch_size=ex.eval_batch_size)
@@ -160,6 +166,33 @@ class LoopSpec:
     return HParams({**dict(self.static_hparams), **traced})
 
 
+def _abstract_params(task: Task, model, example: PyTree) -> PyTree:
+  """The parameters' shapes, for an abstract batch (the task's inputs function runs traced)."""
+  return jax.eval_shape(lambda b: model.init(jax.random.key(0), task.model_inputs(b)), example)
+
+
+_AUTO_STATIC = LruCache(256)
+
+
+def _auto_static(task: Task, static: dict, traced_names: tuple, train: PyTree) -> dict:
+  """`task.concrete_hparams` for these traced names, on the trainable parameters' shapes (cached)."""
+  if not traced_names:
+    return {}
+  memo = (task, _hashable_items(task, dict(static)), traced_names, structure(train))
+  found = _AUTO_STATIC.get(memo)
+  if found is None:
+    try:
+      model = task.model_for(dict(static))
+      params = _abstract_params(task, model, abstract(train, rows=1))
+      trained, _ = trainable_lib.partition(params, task.trainable_mask(params))
+    except Exception:  # pylint: disable=broad-except
+      return {}  # the task does not fit the data: check_task says why
+    hparams = {**static, **{name: 0.0 for name in traced_names}}
+    found = task.concrete_hparams(hparams, traced_names, trained)
+    _AUTO_STATIC.put(memo, found)
+  return dict(found)
+
+
 _PER_EXAMPLE_BYTES = LruCache(256)
 
 
@@ -172,10 +205,13 @@ def _per_example_bytes(task: Task, static_hparams: tuple, train: PyTree) -> Opti
     example = abstract(train, rows=1)
     try:
       model = task.model_for(dict(static_hparams))
-      params = jax.eval_shape(model.init, jax.random.key(0), task.model_inputs(example))
-      size = microbatching.per_example_bytes(task.per_example_loss(model), params, example)
+      params = _abstract_params(task, model, example)
+      trained, frozen = trainable_lib.partition(params, task.trainable_mask(params))
+      loss = task.per_example_loss(model)
+      size = microbatching.per_example_bytes(
+          lambda t, b, f: trainable_lib.partial_loss(loss, f)(t, b), trained, example, frozen)
       if task.clipping == "ghost":  # no per-example copy of the (ghost layers') gradients
-        size = max(1, size - sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)))
+        size = max(1, size - sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(trained)))
     except Exception:  # pylint: disable=broad-except
       return None
     _PER_EXAMPLE_BYTES.put(memo, size)
@@ -257,29 +293,32 @@ def build_train_loop(spec: LoopSpec, *, axis_name: Optional[str] = None) -> Call
   def loop(params, plan: DpSgdPlan, traced: Mapping[str, jax.Array], key, train) -> LoopOutput:
     sample_key, noise_key = jax.random.split(key)
     num_rows = jax.tree.leaves(train)[0].shape[0]  # static; never a normaliser
-    clipped = plan.clipped_grad(loss, method=task.clipping)
+    # Only the trainable leaves are differentiated, clipped, noised and updated;
+    # the frozen ones enter the loss as constants (jaxdp.train.trainable).
+    trained, frozen = trainable_lib.partition(params, task.trainable_mask(params))
+    clipped = plan.clipped_grad(trainable_lib.partial_loss(loss, frozen), method=task.clipping)
     opt = optax.chain(plan.privatizer(clipped, noise_key), task.optimizer_for(spec.hparams(traced)))
-    opt_state = opt.init(params)
+    opt_state = opt.init(trained)
 
     def body(carry):
-      step, params, opt_state, _ = carry
+      step, trained, opt_state, _ = carry
       grad_sum, _ = plan.batch_sum(
-          jax.random.fold_in(sample_key, step), lambda idx, valid: clipped(params, _take(train, idx), valid),
+          jax.random.fold_in(sample_key, step), lambda idx, valid: clipped(trained, _take(train, idx), valid),
           num_rows=num_rows, padded_batch_size=spec.padded_batch_size,
           microbatch_size=spec.microbatch_size, axis_name=axis_name)
       # grad_sum is the whole batch's clipped sum on every device: the noise
       # below is added once to it (same key everywhere), never per share.
-      updates, opt_state = opt.update(grad_sum, opt_state, params)
-      params = optax.apply_updates(params, updates)
-      return step + 1, params, opt_state, _all_finite(params)
+      updates, opt_state = opt.update(grad_sum, opt_state, trained)
+      trained = optax.apply_updates(trained, updates)
+      return step + 1, trained, opt_state, _all_finite(trained)
 
     def cond(carry):
       step, _, _, finite = carry
       return (step < plan.num_steps) & finite
 
-    step, params, _, finite = jax.lax.while_loop(
-        cond, body, (jnp.int32(0), params, opt_state, _all_finite(params)))
-    return LoopOutput(params=params, steps=step, finite=finite)
+    step, trained, _, finite = jax.lax.while_loop(
+        cond, body, (jnp.int32(0), trained, opt_state, _all_finite(trained)))
+    return LoopOutput(params=trainable_lib.combine(trained, frozen), steps=step, finite=finite)
 
   return loop
 
@@ -336,10 +375,13 @@ def score_key(key: jax.Array) -> jax.Array:
   return jax.random.fold_in(key, 0x5C0E)
 
 
-def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, validation, params=None,
+def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, validation, initial=None,
                   *, axis_name: Optional[str] = None):
-  """Init (unless `params`), train, then score: the one program lone and batched runs share.
+  """Init, train, then score: the one program lone and batched runs share.
 
+  `initial`: None, or a tree shaped like the parameters (`check_initial_params`)
+  whose non-None leaves replace the initialisation (a checkpoint, a
+  pretrained backbone); the key is split the same either way.
   `axis_name`: see `build_train_loop` (data parallelism over that mesh axis;
   scoring then runs on every device of it, on the same parameters with the
   same key).
@@ -349,8 +391,9 @@ def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, val
     their split is None.
   """
   init_key, loop_key = jax.random.split(key)
-  if params is None:
-    params = init_params(spec, init_key, train)
+  params = init_params(spec, init_key, train)
+  if initial is not None:
+    params = trainable_lib.combine(initial, params)
   out = build_train_loop(spec, axis_name=axis_name)(params, plan, traced, loop_key, train)
   nan = jnp.float32(jnp.nan)
   test_score, test_loss = build_evaluate(spec)(out.params, test) if test is not None else (nan, nan)

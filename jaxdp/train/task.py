@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import dp_accounting
 import flax.linen as nn
@@ -35,6 +35,7 @@ import numpy as np
 import optax
 
 from jaxdp import _validate
+from jaxdp.train import trainable as trainable_lib
 from jaxdp.train.noise import round_up_float32
 
 PyTree = Any
@@ -52,6 +53,12 @@ class Model(NamedTuple):
   """
   init: Callable[[jax.Array, Any], PyTree]
   apply: Callable[[PyTree, Any], Any]
+
+
+# What a traced value raises where Python needs a concrete one.
+_CONCRETIZATION_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+                          jax.errors.TracerIntegerConversionError,
+                          jax.errors.TracerArrayConversionError)
 
 
 class HParams(Mapping):
@@ -222,7 +229,10 @@ class Task:
       inputs; None means `default_inputs` (`batch[0]` or `batch['x']`).
     has_aux: whether `loss` returns `(losses, aux)`.
     static: hyperparameter names to treat as static even when they are
-      floats (e.g. one the optimizer factory uses in Python control flow).
+      floats. Rarely needed: a float the optimizer factory uses in Python
+      control flow (e.g. an optax schedule's peak value) is found and made
+      static automatically (`concrete_hparams`), and the dry run and
+      `TunedResult.auto_static` say which and why.
     extrapolate: for `jaxdp.tuning.subsampled_search`: `(hparams, m, n) ->
       hparams` carrying hyperparameters tuned on m examples to a final run on
       n (None: that search refuses the task until given one; see
@@ -234,6 +244,15 @@ class Task:
       and `jaxdp.models.Conv2D` layers without materialising their
       per-example gradients (`jaxdp.train.ghost`), vmap for every other
       parameter; for wide layers it needs a fraction of the memory.
+    trainable: which parameters train (`jaxdp.train.trainable`): None (all),
+      a predicate on '/'-joined paths (e.g. `lambda path:
+      path.startswith("params/head/")`, or `jaxdp.models.lora.adapters`), or
+      a pytree of bools with the parameters' structure. Frozen parameters
+      get no per-example gradient (none is computed), count toward no
+      clipping norm (vmap and ghost paths alike), get no noise and no
+      update, and come out of training bit for bit as they went in. The
+      DpEvent does not change. Start them from public weights with the
+      tuners' `initial_params=`.
     name: a label for results and pools.
   """
   model: Any
@@ -245,6 +264,7 @@ class Task:
   static: tuple = ()
   extrapolate: Optional[Callable[[Mapping[str, Any], int, int], Mapping[str, Any]]] = None
   clipping: str = "vmap"
+  trainable: Any = None
   name: str = "task"
 
   def __post_init__(self):
@@ -268,6 +288,7 @@ class Task:
     object.__setattr__(self, "static", tuple(self.static))
     if self.clipping not in CLIPPING_METHODS:
       raise ValueError(f"clipping must be one of {CLIPPING_METHODS}, got {self.clipping!r}")
+    trainable_lib.check_spec(self.trainable)
     if self.extrapolate is not None and not callable(self.extrapolate):
       raise ValueError(f"extrapolate must be None or a callable (hparams, m, n) -> hparams, "
                        f"got {self.extrapolate!r}")
@@ -304,8 +325,46 @@ class Task:
     self.model_for(tracked)
     return tracked.read
 
+  def concrete_hparams(self, hparams: Mapping[str, Any], names: Sequence[str],
+                       params: PyTree) -> dict[str, str]:
+    """Which of `names` (floats about to be traced) the optimizer factory needs concrete: name -> why.
+
+    optax builds some optimizers with Python control flow on their arguments
+    (e.g. `warmup_cosine_decay_schedule` checks its peak value), which a
+    traced value cannot take. The factory is built and run (`init` and one
+    `update` on `params`, shapes only) with `names` traced; a name whose
+    tracing alone fails with a concretization error must be static (one
+    compilation per value). Any other failure is left to `check_task`, which
+    names it.
+    """
+    def failure(traced_names) -> Optional[str]:
+      def build(values, p):
+        opt = self.optimizer_for(HParams({**hparams, **values}))
+        opt.update(p, opt.init(p), p)
+      scalars = {n: jax.ShapeDtypeStruct((), jnp.float32) for n in traced_names}
+      try:
+        jax.eval_shape(build, scalars, params)
+      except _CONCRETIZATION_ERRORS as err:
+        return f"{type(err).__name__}: {str(err).splitlines()[0]}"
+      except Exception:  # pylint: disable=broad-except
+        return None
+      return None
+
+    if not names or failure(names) is None:
+      return {}
+    out = {}
+    for name in names:
+      why = failure([name])
+      if why is not None:
+        out[name] = f"the optimizer factory needs a concrete value ({why})"
+    rest = [n for n in names if n not in out]
+    if rest and failure(rest) is not None:  # only together: keep them all concrete
+      out.update({n: f"the optimizer factory needs {rest} concrete together" for n in rest})
+    return out
+
   def split_hparams(self, hparams: Mapping[str, Any]) -> tuple[dict, dict]:
-    """(static, traced): traced are the floats neither the model nor `static` claims."""
+    """(static, traced): traced are the floats neither the model nor `static` claims
+    (`jaxdp.train.LoopSpec` also makes static what `concrete_hparams` finds)."""
     claimed = self.model_reads(hparams) | set(self.static)
     static, traced = {}, {}
     for name, value in hparams.items():
@@ -332,6 +391,10 @@ class Task:
       losses = self.loss(outputs, batch)
       return -jnp.mean(losses[0] if self.has_aux else losses)
     return self.score(outputs, batch)
+
+  def trainable_mask(self, params: PyTree) -> PyTree:
+    """Python bools shaped like `params`: True where a leaf trains (see `trainable`)."""
+    return trainable_lib.mask(self.trainable, params)
 
   def optimizer_for(self, hparams: Mapping[str, Any]) -> optax.GradientTransformation:
     opt = self.optimizer(hparams)

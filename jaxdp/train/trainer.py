@@ -117,11 +117,14 @@ def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
     data: a `jaxdp.data.Dataset`: private `train`; the score reads the public
       `test` split, or, for a DP score, `private_validation`.
     key: PRNG key; the same key gives the same result.
-    initial_params: optional warm start (e.g. a model released by a private
-      search; Koskela & Kulkarni 2023 warm-start the final run from the tuned
-      model). It must have the structure and shapes of the model's
-      parameters. None (default): the usual random initialisation. The key is
-      split exactly as without it, so the DP noise and batches are the same.
+    initial_params: optional starting parameters: all of the model's (a
+      model released by a private search: Koskela & Kulkarni 2023 warm-start
+      the final run from the tuned model) or some of them (public pretrained
+      weights of a backbone; the rest, e.g. a new head or LoRA adapters, is
+      initialised as usual), as a nested mapping with the model's paths and
+      shapes (`jaxdp.train.checks.check_initial_params`). None (default):
+      the usual random initialisation. The key is split exactly as without
+      it, so the DP noise and batches are the same.
 
   Returns:
     The `CandidateResult`.  A diverging run returns score NaN; it never raises.

@@ -35,7 +35,7 @@ from jaxdp.sweep import engine
 from jaxdp.sweep.pool import (ParamsDamagedError, PoolMismatchError, ResultPool, record_of,
                               result_fields)
 from jaxdp.sweep.space import Candidate, SearchSpace, config_record
-from jaxdp.train import CandidateResult, program
+from jaxdp.train import CandidateResult, checks, program
 from jaxdp.train.program import LoopSpec
 
 #: The training backend: `jaxdp.sweep.train_candidates` or anything with its
@@ -91,6 +91,22 @@ def search_fingerprint(tuner: str, space: SearchSpace, data: Dataset, key: jax.A
   }
 
 
+def check_initial_params(initial_params: Any, space: SearchSpace, data: Dataset) -> None:
+  """Raises ValueError unless `initial_params` fits the model of every configuration of `space`."""
+  for spec in {LoopSpec.from_config(c, data): None for c in space.configs}:
+    checks.check_initial_params(initial_params, program.param_shapes(spec, data.train))
+
+
+def params_digest(tree: Any) -> str:
+  """sha256 of a parameter tree: its paths, dtypes, shapes and bytes."""
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    leaf = np.ascontiguousarray(np.asarray(leaf))
+    digest.update(f"{jax.tree_util.keystr(path)}{leaf.dtype}{leaf.shape}".encode())
+    digest.update(leaf.tobytes())
+  return digest.hexdigest()
+
+
 def _param_shapes(spec: LoopSpec, data: Dataset) -> str:
   shapes = program.param_shapes(spec, data.train)
   return str(jax.tree.map(lambda s: (tuple(s.shape), str(s.dtype)), shapes))
@@ -114,9 +130,6 @@ class CandidateStore:
   def __init__(self, data: Dataset, *, trainer: Optional[Trainer] = None, run_dir: Optional[str] = None,
                fingerprint: Optional[Mapping[str, Any]] = None,
                engine_kwargs: Optional[Mapping[str, Any]] = None):
-    if trainer is not None and not callable(trainer):
-      raise ValueError(f"trainer must be None or a callable with the signature of "
-                       f"jaxdp.sweep.train_candidates, got {trainer!r}")
     self.data, self.trainer = data, trainer or engine.train_candidates
     self.engine_kwargs = dict(engine_kwargs or {})
     self.pool: Optional[ResultPool] = None
@@ -134,9 +147,17 @@ class CandidateStore:
   @classmethod
   def for_search(cls, tuner: str, space: SearchSpace, data: Dataset, key: jax.Array, *,
                  run_dir: Optional[str], trainer: Optional[Trainer], engine_kwargs: Mapping[str, Any],
-                 trains_on: Optional[Dataset] = None, **accounted: Any) -> "CandidateStore":
+                 trains_on: Optional[Dataset] = None, initial_params: Any = None,
+                 **accounted: Any) -> "CandidateStore":
     """The store of one search on `data` (fingerprinted when `run_dir` is given), whose
-    candidates train on `trains_on` (default: `data`; a subset for subset tuning)."""
+    candidates train on `trains_on` (default: `data`; a subset for subset tuning), each
+    starting from `initial_params` (checked against every configuration's model here,
+    before anything is drawn or trained)."""
+    engine_kwargs = dict(engine_kwargs)
+    if initial_params is not None:
+      check_initial_params(initial_params, space, data)
+      engine_kwargs["initial_params"] = initial_params
+      accounted["initial_params"] = params_digest(initial_params)
     fingerprint = None if run_dir is None else search_fingerprint(tuner, space, data, key, **accounted)
     return cls(data if trains_on is None else trains_on, trainer=trainer, run_dir=run_dir,
                fingerprint=fingerprint, engine_kwargs=engine_kwargs)

@@ -64,8 +64,31 @@ def calibrate_noise(space: SearchSpace, num_examples: int, outer: Callable[[Any]
   def make_event(sigma):
     return outer(candidate_event(with_noise(space, sigma), num_examples))
 
-  return inverse.noise_for(make_event, target_epsilon, delta, sigma_max=SIGMA_MAX,
-                       where=" for this search")
+  try:
+    return inverse.noise_for(make_event, target_epsilon, delta, sigma_max=SIGMA_MAX,
+                             where=" for this search")
+  except ValueError as err:
+    if "out of reach" not in str(err):
+      raise
+    raise ValueError(_out_of_reach(space, make_event, outer, target_epsilon, delta)) from None
+
+
+def _out_of_reach(space: SearchSpace, make_event, outer, target_epsilon: float, delta: float) -> str:
+  """Why no sigma meets the target: the parts whose cost sigma does not change, with their epsilon."""
+  at_max = acc.epsilon(make_event(SIGMA_MAX), delta, "best")
+  head = (f"target_epsilon={target_epsilon!r} is out of reach for this search: even "
+          f"noise_multiplier={SIGMA_MAX!r} does not meet it at delta={delta!r} (the largest sigma "
+          f"tried; it gives epsilon={at_max:.4g}).")
+  score = space.base.task.score_event
+  if score is None:
+    return (f"{head} Every part of this search's event is DP-SGD training, whose cost falls with "
+            "sigma: raise the target, or train for fewer steps or at a lower sampling rate")
+  fixed = acc.epsilon(outer(score), delta, "best")
+  return (f"{head} Its cost does not depend on the training noise: the DP score "
+          f"({acc.describe(score)}, composed into every candidate and selected over the search as "
+          f"the candidates are) alone costs epsilon={fixed:.4g} at this delta. Raise the score's "
+          "noise_multiplier, score fewer candidates (a smaller E[K]), or raise the target; more "
+          "training noise or fewer steps cannot help")
 
 
 def k_quantile(repetitions: acc.KDistribution, p: float) -> int:
@@ -91,6 +114,8 @@ class Group:
     sampling_prob: q.
     steps: DP steps per candidate.
     padded_batch_size: rows per step on the common path.
+    auto_static: (name, why) of each float made static because the optimizer
+      factory needs its value (`jaxdp.train.Task.concrete_hparams`).
   """
   static: Mapping[str, Any]
   traced: tuple
@@ -98,6 +123,7 @@ class Group:
   sampling_prob: float
   steps: int
   padded_batch_size: int
+  auto_static: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +144,7 @@ class DryRun:
     expected_steps: E[K] x mean over the grid of DP steps.
     expected_gradient_evaluations: E[K] x mean over the grid of steps x q N.
     score_source: where the score is computed and whether it is accounted.
+    auto_static: hyperparameter -> why it was made static (see `Group`).
   """
   epsilon: float
   delta: float
@@ -131,6 +158,7 @@ class DryRun:
   expected_steps: float
   expected_gradient_evaluations: float
   score_source: str
+  auto_static: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   def __str__(self) -> str:
     sigma = "" if self.noise_multiplier is None else f", calibrated sigma={self.noise_multiplier:.4f}"
@@ -143,6 +171,8 @@ class DryRun:
         f"E[per-example gradients]={self.expected_gradient_evaluations:,.0f}",
         f"{len(self.groups)} compiled group(s):",
     ]
+    lines[-1:-1] = [f"static automatically: {name!r} ({why}): one compilation per value"
+                    for name, why in self.auto_static.items()]
     for g in self.groups:
       lines.append(f"  {g.grid_points} grid point(s), static {dict(g.static)}, traced "
                    f"{list(g.traced)}, q={g.sampling_prob:.4g}, steps={g.steps}, "
@@ -158,7 +188,13 @@ def groups_of(space: SearchSpace, data: Dataset) -> tuple:
     counts[spec] = counts.get(spec, 0) + 1
   return tuple(Group(static=dict(s.static_hparams), traced=s.traced_names, grid_points=c,
                      sampling_prob=s.sampling_prob, steps=s.num_steps,
-                     padded_batch_size=s.padded_batch_size) for s, c in counts.items())
+                     padded_batch_size=s.padded_batch_size, auto_static=s.auto_static)
+               for s, c in counts.items())
+
+
+def auto_static(space: SearchSpace, data: Dataset) -> dict:
+  """Hyperparameter -> why it is static without being declared so, over the whole grid."""
+  return {name: why for g in groups_of(space, data) for name, why in g.auto_static}
 
 
 def dry_run_report(space: SearchSpace, data: Dataset, repetitions: acc.KDistribution, delta: float,
@@ -174,4 +210,4 @@ def dry_run_report(space: SearchSpace, data: Dataset, repetitions: acc.KDistribu
       noise_multiplier=sigma, groups=groups_of(space, data),
       expected_steps=mean_k * float(steps.mean()),
       expected_gradient_evaluations=mean_k * float(grads.mean()),
-      score_source=score_source(space.base.task))
+      score_source=score_source(space.base.task), auto_static=auto_static(space, data))

@@ -71,6 +71,9 @@ class TunedResult:
     score_source: 'public test split (not accounted)' or 'private validation
       split (DP score, accounted)'.
     noise_multiplier: the sigma calibrated for `target_epsilon`, or None.
+    auto_static: hyperparameter -> why it was compiled as a static value
+      although it is a float (the optimizer factory needs its value; see
+      `jaxdp.train.Task.concrete_hparams`): one compilation per value.
   """
 
   hyperparameters: Optional[Mapping[str, Any]]
@@ -85,6 +88,7 @@ class TunedResult:
   all_scores: Optional[tuple] = None
   score_source: str = ""
   noise_multiplier: Optional[float] = None
+  auto_static: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 class Prepared(NamedTuple):
@@ -94,6 +98,7 @@ class Prepared(NamedTuple):
   event: Any                       # the accounted event of the whole search
   epsilon: float                   # `acc.epsilon(event, delta, "best")`
   noise_multiplier: Optional[float]  # the sigma calibrated for `target_epsilon`, or None
+  auto_static: Mapping[str, str]     # `planning.auto_static`
 
 
 def prepare(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
@@ -116,7 +121,8 @@ def prepare(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapp
     space = planning.with_noise(space, sigma)
   # Accounted from the configurations that will run, never from the target.
   event = outer(planning.candidate_event(space, data.num_examples))
-  return Prepared(space, data, event, acc.epsilon(event, delta, method="best"), sigma)
+  return Prepared(space, data, event, acc.epsilon(event, delta, method="best"), sigma,
+                  planning.auto_static(space, data))
 
 
 def draw_search(space: SearchSpace, repetitions: acc.KDistribution, key: jax.Array) -> list:
@@ -168,7 +174,7 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
                   data: Dataset, *, repetitions: acc.KDistribution, key: jax.Array, delta: float = 1e-5,
                   target_epsilon: Optional[float] = None, release_all_scores: bool = False,
                   run_dir: Optional[str] = None, trainer: Optional[durable.Trainer] = None,
-                  **engine_kwargs) -> TunedResult:
+                  initial_params: Any = None, **engine_kwargs) -> TunedResult:
   """Papernot-Steinke private random search.
 
   Args:
@@ -195,6 +201,12 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
       host's devices) or one with its signature, e.g.
       `functools.partial(jaxdp.sweep.ray_backend.train_candidates_ray, chunk_size=2)`
       for a Ray cluster.
+    initial_params: None (each candidate initialised from its key), or
+      public parameters every candidate starts from: all of the model's (a
+      checkpoint) or some (a pretrained backbone; a new head or LoRA
+      adapters are initialised from the key). Checked against every
+      configuration's model before K is drawn. They must be public (e.g.
+      pretrained on public data): they are not accounted.
     **engine_kwargs: `devices`, `max_candidates_per_device`, `progress`,
       `on_chunk`, passed to the trainer.
 
@@ -219,8 +231,8 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
                      outer=lambda cand: acc.RepeatAndSelect(cand, repetitions))
   with durable.CandidateStore.for_search(
       "random_search", prepared.space, prepared.data, key, run_dir=run_dir, trainer=trainer,
-      engine_kwargs=engine_kwargs, repetitions=repetitions, delta=float(delta),
-      target_epsilon=target_epsilon) as store:
+      engine_kwargs=engine_kwargs, initial_params=initial_params, repetitions=repetitions,
+      delta=float(delta), target_epsilon=target_epsilon) as store:
     cands = draw_search(prepared.space, repetitions, key)
     results = store.train(cands)
   return _released(prepared, delta, cands, results, best_index(results), release_all_scores)
@@ -237,7 +249,8 @@ def _released(prepared: Prepared, delta: float, cands: list, results: list, chos
       score=float(results[chosen].score) if some else float("nan"), num_candidates=len(cands),
       epsilon=prepared.epsilon, delta=float(delta), event=prepared.event,
       all_scores=_release_scores(cands, results, release_all_scores),
-      score_source=score_source(prepared.space.base.task), noise_multiplier=prepared.noise_multiplier)
+      score_source=score_source(prepared.space.base.task), noise_multiplier=prepared.noise_multiplier,
+      auto_static=prepared.auto_static)
 
 
 def dry_run(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
@@ -252,10 +265,10 @@ def dry_run(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapp
   (E[K] x steps, E[K] x steps x q N per-example gradients). `print` it.
   """
   repetitions = _args.repetitions(repetitions)
-  space, data, event, eps, sigma = prepare(
-      config, search_space, data, delta=delta, target_epsilon=target_epsilon,
-      outer=lambda cand: acc.RepeatAndSelect(cand, repetitions))
-  return planning.dry_run_report(space, data, repetitions, float(delta), event, eps, sigma)
+  prepared = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
+                     outer=lambda cand: acc.RepeatAndSelect(cand, repetitions))
+  return planning.dry_run_report(prepared.space, prepared.data, repetitions, float(delta),
+                                 prepared.event, prepared.epsilon, prepared.noise_multiplier)
 
 
 def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
@@ -263,7 +276,7 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
                      max_candidates: Optional[int] = None, delta: float = 1e-5,
                      target_epsilon: Optional[float] = None, release_all_scores: bool = False,
                      run_dir: Optional[str] = None, trainer: Optional[durable.Trainer] = None,
-                     **engine_kwargs) -> TunedResult:
+                     initial_params: Any = None, **engine_kwargs) -> TunedResult:
   """Liu-Talwar Algorithm 1 with random stopping.
 
   For j = 1, 2, ...: train a random candidate; if its score >= `threshold`,
@@ -276,7 +289,8 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
 
   Args:
     config, search_space, data, key, delta, target_epsilon,
-    release_all_scores, trainer, **engine_kwargs: as in `random_search`.
+    release_all_scores, trainer, initial_params, **engine_kwargs: as in
+      `random_search`.
     run_dir: as in `random_search`; a rerun replays the same candidates and
       stop decisions and resumes at the first candidate not yet stored.
     threshold: a finite score to reach (the task's score).
@@ -300,7 +314,7 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
   cands, results = [], []
   with durable.CandidateStore.for_search(
       "threshold_search", prepared.space, prepared.data, key, run_dir=run_dir, trainer=trainer,
-      engine_kwargs=engine_kwargs, threshold=threshold, stop_prob=stop_prob,
+      engine_kwargs=engine_kwargs, initial_params=initial_params, threshold=threshold, stop_prob=stop_prob,
       max_candidates=max_candidates, delta=float(delta), target_epsilon=target_epsilon) as store:
     for draw_key, stop_key in _threshold_keys(key, max_candidates):
       cands.append(_draw_candidates(prepared.space, 1, draw_key)[0])

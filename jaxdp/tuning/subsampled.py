@@ -203,7 +203,7 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
                       data: Dataset, *, q: float, variant: int, repetitions: acc.KDistribution,
                       key: jax.Array, delta: float = 1e-5, warm_start: bool = False,
                       run_dir: Optional[str] = None, trainer: Optional[durable.Trainer] = None,
-                      **engine_kwargs) -> SubsampledResult:
+                      initial_params: Any = None, **engine_kwargs) -> SubsampledResult:
   """Koskela-Kulkarni private tuning on a Poisson subset, then one final run.
 
   Args:
@@ -217,6 +217,9 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
     key: PRNG key for the subset, K, the draws and every training run.
     delta: delta at which epsilon is reported.
     warm_start: start the final run from the tuned model's parameters.
+    initial_params: as in `jaxdp.tuning.random_search`: public parameters
+      every tuning candidate and the final run start from (with
+      `warm_start`, the final run starts from the tuned model instead).
     run_dir, trainer: as in `jaxdp.tuning.random_search` (the tuning runs
       through `trainer`; the final run is stored too, under "final").
     **engine_kwargs: passed to the trainer for the tuning.
@@ -242,14 +245,15 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   subset = _split(args.data, mask, f"X1, q={args.q:g}", args.m)
   with durable.CandidateStore.for_search(
       "subsampled_search", args.space, args.data, args.key, run_dir=run_dir, trainer=trainer,
-      engine_kwargs=args.engine_kwargs, trains_on=subset, q=args.q, variant=args.variant,
+      engine_kwargs=args.engine_kwargs, trains_on=subset, initial_params=initial_params, q=args.q,
+      variant=args.variant,
       repetitions=args.repetitions, delta=args.delta, warm_start=args.warm_start) as store:
     # Papernot-Steinke random search on X1, with the same key use as `random_search`.
     cands = search_lib.draw_search(args.space, args.repetitions, search_key)
     results = store.train(cands)
     best = search_lib.best_index(results)
     chosen = cands[best].config if best is not None else args.space.configs[0]
-    warm = results[best].params if (args.warm_start and best is not None) else None
+    warm = results[best].params if (args.warm_start and best is not None) else initial_params
     final_config, factor = extrapolate(chosen, args.m, args.n)
     final = store.train_lone("final", final_config,
                              lambda: _final_run(args, final_config, final_mask, final_key, warm))

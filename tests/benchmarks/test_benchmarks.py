@@ -124,3 +124,16 @@ def test_scale_out_benchmark():
                              "all_stored_rerun_process_seconds"])
   _positive_numbers(out["one_candidate"], ["devices_1_examples_per_s", "devices_2_examples_per_s",
                                            "speedup_2_over_1"])
+
+
+def test_finetune_benchmark():
+  out = _run("benchmarks.finetune", "--quick")
+  assert out["quick"] is True and out["width"] == 32 and out["clipping"] == "vmap"
+  full, head = out["results"]["full"], out["results"]["head_only"]
+  assert full["params"] == head["params"] == (784 + 1) * 32 + (32 + 1) * 32 + (32 + 1) * 10
+  assert full["trainable_params"] == full["params"] and head["trainable_params"] == (32 + 1) * 10
+  for r in (full, head):
+    _positive_numbers(r, ["examples_per_s", "compiled_peak_bytes", "compile_s", "microbatch_size"])
+  # Compiled sizes, not timings (deterministic): no per-example backbone gradient is held.
+  assert head["temp_bytes"] < full["temp_bytes"]
+  _positive_numbers(out, ["speed_head_only_over_full", "memory_full_over_head_only"])

@@ -51,6 +51,7 @@ def test_fig1_bad_out(tmp_path, capsys):
   assert "cannot be created" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the whole tiny KK figure-7 pipeline (its fixture): about 26 s
 def test_fig7_outputs_and_csv(kk_fig7_tiny_run):
   num_train = json.load(open(kk_fig7_tiny_run / "kk_fig7.json"))["num_train"]
   for name in ("kk_fig7.png", "kk_fig7.pdf", "kk_fig7.csv", "kk_fig7.json"):
@@ -80,6 +81,7 @@ def test_fig7_outputs_and_csv(kk_fig7_tiny_run):
       assert float(by[(v, t)]["final_learning_rate_mean"]) > float(by[(v, t)]["learning_rate_mean"])
 
 
+@pytest.mark.slow  # the whole tiny KK figure-7 pipeline (its fixture): about 26 s
 def test_fig7_manifest_is_complete(kk_fig7_tiny_run):
   m = json.load(open(kk_fig7_tiny_run / "kk_fig7.json"))
   for key in ("profile", "hyperparameter_grid", "calibrated_sigma", "seeds", "packages", "devices",

@@ -49,16 +49,16 @@ def _logging_chunk(train_chunk, task_log: str, label: str, delay: float):
   Defined in the driver's __main__, so Ray pickles it by value: the workers need
   nothing but jaxdp.
   """
-  def chunk_on_a_node(box, indices, engine_kwargs):
+  def chunk_on_a_node(box, indices):
     import ray  # pylint: disable=g-import-not-at-top
     from jaxdp.sweep import ray_backend  # pylint: disable=g-import-not-at-top
-    candidates, _ = ray_backend._shared(box)  # pylint: disable=protected-access
+    candidates = ray_backend._shared(box)[0]  # pylint: disable=protected-access
     entry = {"label": label, "node_id": ray.get_runtime_context().get_node_id(),
              "node": os.environ.get(NODE_ENV), "pid": os.getpid(),
              "ids": [candidates[i].id for i in indices]}
     _append_line(task_log, dict(entry, event="start", t=time.time()))
     time.sleep(delay)
-    out = train_chunk(box, indices, engine_kwargs)
+    out = train_chunk(box, indices)
     _append_line(task_log, dict(entry, event="end", t=time.time()))
     return out
   return chunk_on_a_node

@@ -160,6 +160,7 @@ def _assert_close_params(got, want):
     np.testing.assert_allclose(a, b, rtol=PARAMS_RTOL, atol=PARAMS_ATOL)
 
 
+@pytest.mark.slow  # five programs compiled on purpose (one per degree and spec): about 17 s
 def test_engine_shares_a_lone_candidate_over_both_devices(digits, base_config, two_devices,
                                                           monkeypatch):
   sizes = _spy_on_data_axis(monkeypatch)
@@ -201,6 +202,7 @@ def test_a_candidate_gets_the_same_bits_alone_as_within_its_search(digits, base_
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # two candidates vmapped on two devices: about 8 s
 def test_vmapped_candidates_share_devices_too(digits, base_config, two_devices):
   # Accelerators vmap several candidates per device; with data parallelism the
   # psum then runs under vmap. Two candidates, both on both devices.

@@ -165,6 +165,7 @@ def test_bad_run_dir_or_trainer(bad, match, digits, base_config, two_devices, no
     _search(base_config, digits, two_devices, **bad)
 
 
+@pytest.mark.slow  # three searches of up to 4 candidates: `make test-slow` (CI) runs it
 def test_threshold_search_resumes_at_its_candidate_index(digits, base_config, two_devices, tmp_path):
   kwargs = dict(threshold=0.99, stop_prob=0.2, max_candidates=4, key=jax.random.key(3), devices=two_devices)
   whole = threshold_search(base_config, GRID, digits, **kwargs)
@@ -179,6 +180,7 @@ def test_threshold_search_resumes_at_its_candidate_index(digits, base_config, tw
   assert_same_release(resumed, whole)
 
 
+@pytest.mark.slow  # three subset searches and final runs: `make test-slow` (CI) runs it
 def test_subsampled_search_resumes_and_keeps_its_final_model(digits, base_config, two_devices, tmp_path,
                                                              monkeypatch):
   kwargs = dict(q=0.3, variant=1, repetitions=acc.Poisson(mean=2), key=jax.random.key(3), devices=two_devices)
@@ -196,6 +198,7 @@ def test_subsampled_search_resumes_and_keeps_its_final_model(digits, base_config
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow  # two audits of 60 trials per side: `make test-slow` (CI) runs it
 def test_audit_search_resumes_without_training_again(tmp_path):
   gadget = attacks.selection_gadget(noise_multiplier=0.5)
   kwargs = dict(repetitions=acc.Poisson(mean=2), statistic=gadget.statistic, trials=60, key=jax.random.key(0))

@@ -318,3 +318,24 @@ def test_data_leaves_disagreeing_on_n_are_refused(no_work, tuner, user_config, u
   object.__setattr__(damaged, "train", bad_train)
   with pytest.raises(ValueError, match=match):
     _tune(tuner, user_config.replace(sampling_prob=0.1), LR, damaged)
+
+
+def test_an_unreachable_target_names_the_dp_score_that_spends_it(no_work, dp_config, user_data):
+  # The case: a NoisyMean with sigma 2 composed into K ~ Poisson(3) candidates costs
+  # more than epsilon = 2 by itself; fewer steps or more training noise cannot help.
+  fixed = acc.epsilon(acc.RepeatAndSelect(dp_config.task.score_event, REPS), DELTA, "best")
+  assert fixed > TARGET
+  with pytest.raises(ValueError) as info:
+    _tune(random_search, dp_config, LR, user_data, target_epsilon=TARGET)
+  message = str(info.value)
+  assert "epsilon=2.0 is out of reach for this search" in message
+  assert "the DP score (Gaussian(sigma=2" in message
+  assert f"alone costs epsilon={fixed:.4g} at this delta" in message
+  assert "fewer steps cannot help" in message and "Raise the score's noise_multiplier" in message
+
+
+def test_an_unreachable_target_without_a_dp_score_says_training_is_all_of_it(no_work, user_config,
+                                                                            user_data):
+  with pytest.raises(ValueError, match=r"it gives epsilon=[0-9.e-]+\)\. Every part of this search's "
+                                       r"event is DP-SGD training, whose cost falls with sigma"):
+    _tune(random_search, user_config, LR, user_data, target_epsilon=1e-4)

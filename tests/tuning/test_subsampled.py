@@ -140,7 +140,7 @@ def test_train_candidate_initial_params(digits, base_config):
   for a, b in zip(jax.tree.leaves(default.params), jax.tree.leaves(same.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   bad = jax.tree.map(lambda x: x[..., :1], default.params)
-  with pytest.raises(ValueError, match="initial_params leaf has shape"):
+  with pytest.raises(ValueError, match=r"initial_params leaf 'params/Dense_0/\w+' has shape"):
     train_candidate(base_config, digits, key, initial_params=bad)
   with pytest.raises(ValueError, match="initial_params must have the model's parameter structure"):
     train_candidate(base_config, digits, key, initial_params={"w": np.zeros(3)})

@@ -1,0 +1,115 @@
+"""Low-rank adapters (LoRA, Hu et al., ICLR 2022) for Flax `Dense` and `Conv` layers.
+
+`LoRADense` is a drop-in `flax.linen.Dense`: its own parameters are named as
+Dense's (`kernel`, `bias`), so a pretrained Dense's parameters load into it
+unchanged, and it adds two submodules, `lora_a` (d_in -> r, no bias) and
+`lora_b` (r -> d_out, no bias, zero-initialised):
+
+  y = x W + b + (alpha / r) (x A) B.
+
+At initialisation B = 0, so the layer computes the pretrained function. Train
+only the adapters with `Task(trainable=lora.adapters)`: the frozen W and b get
+no per-example gradient, no noise and no update (see `jaxdp.train.Task`).
+`lora_a` and `lora_b` are plain `flax.linen.Dense` calls, so ghost clipping
+(`Task(clipping="ghost")`) computes their norms without per-example kernel
+gradients.
+
+`LoRAConv` does the same for `flax.linen.Conv` (same `kernel`/`bias` names):
+`lora_a` is a convolution with the layer's window to r channels, `lora_b` a
+1x1 convolution to the output channels (zero-initialised).
+
+The rank r and the scale alpha are model hyperparameters: tune them like any
+other (`lambda hp: Net(rank=hp["rank"])` makes `rank` static).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxdp import _validate
+
+ADAPTER_NAMES = ("lora_a", "lora_b")
+
+
+def adapters(path: str) -> bool:
+  """`Task(trainable=...)` predicate: True for the LoRA adapters' parameters only."""
+  return any(part in ADAPTER_NAMES for part in path.split("/"))
+
+
+def _scale(rank: int, alpha: float | None) -> float:
+  rank = _validate.integer("rank", rank, low=1)
+  alpha = float(rank) if alpha is None else _validate.real("alpha", alpha, low=0.0, low_open=True)
+  return alpha / rank
+
+
+class LoRADense(nn.Module):
+  """`flax.linen.Dense` plus a rank-`rank` adapter, scaled by `alpha / rank` (alpha None: 1).
+
+  Attributes:
+    features: output features.
+    rank: the adapter's rank r >= 1.
+    alpha: the adapter's scale numerator (None: r, i.e. scale 1).
+    use_bias: as in Dense.
+    kernel_init, bias_init: as in Dense (the frozen weights' initialisers,
+      used when no pretrained parameters are given).
+  """
+  features: int
+  rank: int
+  alpha: float | None = None
+  use_bias: bool = True
+  kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
+  bias_init: Callable[..., Any] = nn.initializers.zeros_init()
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = _scale(self.rank, self.alpha)
+    kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
+    y = jnp.dot(x, kernel)
+    if self.use_bias:
+      y = y + self.param("bias", self.bias_init, (self.features,), jnp.float32)
+    down = nn.Dense(self.rank, use_bias=False, name="lora_a")(x)
+    up = nn.Dense(self.features, use_bias=False, kernel_init=nn.initializers.zeros_init(),
+                  name="lora_b")(down)
+    return y + scale * up
+
+
+class LoRAConv(nn.Module):
+  """`flax.linen.Conv` plus a rank-`rank` adapter (a `rank`-channel conv, then a zero 1x1 conv).
+
+  Attributes:
+    features: output channels.
+    kernel_size: the window, as in Conv.
+    rank: the adapter's rank r >= 1 (its inner channels).
+    alpha: the adapter's scale numerator (None: r, i.e. scale 1).
+    strides, padding, use_bias: as in Conv.
+  """
+  features: int
+  kernel_size: tuple[int, ...]
+  rank: int
+  alpha: float | None = None
+  strides: tuple[int, ...] | int = 1
+  padding: Any = "SAME"
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = _scale(self.rank, self.alpha)
+    kernel_size = tuple(self.kernel_size)
+    kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                        (*kernel_size, x.shape[-1], self.features), jnp.float32)
+    strides = (self.strides,) * len(kernel_size) if isinstance(self.strides, int) else tuple(self.strides)
+    spatial = "".join("HWD"[:len(kernel_size)])
+    dims = jax.lax.conv_dimension_numbers(x.shape, kernel.shape,
+                                          (f"N{spatial}C", f"{spatial}IO", f"N{spatial}C"))
+    y = jax.lax.conv_general_dilated(x, kernel, strides, self.padding, dimension_numbers=dims)
+    if self.use_bias:
+      y = y + self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
+    down = nn.Conv(self.rank, kernel_size, strides=strides, padding=self.padding, use_bias=False,
+                   name="lora_a")(x)
+    up = nn.Conv(self.features, (1,) * len(kernel_size), use_bias=False,
+                 kernel_init=nn.initializers.zeros_init(), name="lora_b")(down)
+    return y + scale * up
