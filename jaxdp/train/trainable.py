@@ -105,7 +105,3 @@ def partial_loss(loss_fn: Callable[[PyTree, PyTree], jax.Array],
   def loss(trainable, batch):
     return loss_fn(combine(trainable, frozen), batch)
   return loss
-
-
-def is_all(leaf_mask: PyTree) -> bool:
-  return all(jax.tree.leaves(leaf_mask))

@@ -142,16 +142,19 @@ def test_two_devices_process_every_sampled_example_exactly_once(two_devices, pad
   np.testing.assert_array_equal(np.asarray(size), [mask.sum()] * 2)
 
 
-def _spy_on_data_axis(monkeypatch) -> list:
-  """Records the data-parallel axis size each time a training step is traced."""
-  sizes = []
-  inner = plan_module.poisson_batch_sum
-
+def data_axis_spy(sizes: list, inner):
+  """`inner` (the batch sum) that appends the data-parallel axis size to `sizes` when traced."""
   def spy(*args, axis_name=None, **kwargs):
     if axis_name is not None:
       sizes.append(jax.lax.axis_size(axis_name))
     return inner(*args, axis_name=axis_name, **kwargs)
-  monkeypatch.setattr(plan_module, "poisson_batch_sum", spy)
+  return spy
+
+
+def _spy_on_data_axis(monkeypatch) -> list:
+  """Records the data-parallel axis size each time a training step is traced."""
+  sizes = []
+  monkeypatch.setattr(plan_module, "poisson_batch_sum", data_axis_spy(sizes, plan_module.poisson_batch_sum))
   return sizes
 
 
@@ -303,13 +306,9 @@ _FOUR_DEVICES = textwrap.dedent("""
     out["once"], out["sampled"] = once, int(mask.sum())
 
     # 3. The engine: which degree each call traced, and the trained parameters.
+    from tests.train.test_data_parallel import data_axis_spy
     sizes = []
-    inner = plan_module.poisson_batch_sum
-    def spy(*args, axis_name=None, **kwargs):
-      if axis_name is not None:
-        sizes.append(jax.lax.axis_size(axis_name))
-      return inner(*args, axis_name=axis_name, **kwargs)
-    plan_module.poisson_batch_sum = spy
+    plan_module.poisson_batch_sum = data_axis_spy(sizes, plan_module.poisson_batch_sum)
 
     def train(config, devices, seed=5):
       sizes.clear()

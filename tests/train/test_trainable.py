@@ -149,16 +149,14 @@ def test_the_clipped_sum_is_that_of_a_model_of_the_trainable_parameters_only(bat
 
 
 def _value_shapes(jaxpr) -> set:
-  shapes = set()
+  """Shapes of every value the jaxpr computes, inner jaxprs (scan, cond branches, pjit) included."""
+  shapes = {tuple(getattr(v.aval, "shape", ())) for eqn in jaxpr.eqns for v in eqn.outvars}
   for eqn in jaxpr.eqns:
-    for v in eqn.outvars:
-      shapes.add(tuple(getattr(v.aval, "shape", ())))
-    for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else []:
-      shapes |= _value_shapes(sub)
     for param in eqn.params.values():
-      inner = getattr(param, "jaxpr", param)
-      if hasattr(inner, "eqns"):
-        shapes |= _value_shapes(inner)
+      for inner in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(inner, "jaxpr", inner)
+        if hasattr(inner, "eqns"):
+          shapes |= _value_shapes(inner)
   return shapes
 
 
