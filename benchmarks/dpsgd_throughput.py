@@ -14,10 +14,14 @@ by the expected batch size) chained with the task's optimizer
 process, alternating, median of repeats.
 
 Variants (under "variants", the first is the default):
-  * automatic microbatch size (the library default) vs the whole batch in
-    one vmap (the default before microbatching was automatic) vs 4
-    microbatches;
-  * ghost clipping (`Task(clipping='ghost')`, `jaxdp.train.ghost`);
+  * the default: `Task(clipping='auto')`, which picks ghost norms or
+    per-example gradients per layer (`jaxdp.train.ghost`), at the automatic
+    microbatch size;
+  * each path it chooses between, forced: `Task(clipping='vmap')` and
+    `Task(clipping='ghost')`, at their automatic microbatch sizes
+    (`auto_over_faster_path` is the default's speed over the faster);
+  * the whole batch in one vmap (the default before microbatching was
+    automatic) vs 4 microbatches;
   * XLA native convolutions instead of im2col: vmap of a native
     convolution's weight gradient lowers to a batch-grouped convolution,
     which XLA:CPU runs slowly.
@@ -42,7 +46,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxdp.data import DataSplit
-from jaxdp.train import DpSgdPlan, microbatching, presets
+from jaxdp.train import DpSgdPlan, ghost, microbatching, presets
 
 HPARAMS = dict(model="papernot_steinke_cnn", activation="tanh", learning_rate=0.1)
 
@@ -64,7 +68,9 @@ def _steps(conv_impl: str, batch: int, microbatch: int | None, image_size: int, 
   data = DataSplit(x, jnp.arange(batch) % 10)
   params = jax.jit(model.init)(jax.random.key(2), x[:1])
   if microbatch is None:  # what the trainer picks for a padded batch of this size
-    microbatch = microbatching.microbatch_size_for(loss_fn, params, data)
+    without = () if clipping == "vmap" else ghost.ghost_layers(loss_fn, params, data,
+                                                               auto=clipping == "auto").ghost_leaves
+    microbatch = microbatching.microbatch_size_for(loss_fn, params, data, without=without)
   # q = 1 on N = batch examples: every example is sampled and the privatizer
   # divides the noisy sum by q*N = the batch.
   plan = DpSgdPlan(l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=1.0, num_steps=1,
@@ -95,7 +101,7 @@ def _time(fn, repeats: int) -> list[float]:
 
 
 def measure(conv_impl: str, batch: int, repeats: int, microbatch: int | None = None,
-            image_size: int = 28, clipping: str = "vmap", label: str = "") -> dict:
+            image_size: int = 28, clipping: str = "auto", label: str = "") -> dict:
   """Compiles both steps, then times them alternately; returns medians."""
   nonprivate, dp, microbatch = _steps(conv_impl, batch, microbatch, image_size, clipping)
   t0 = time.perf_counter()
@@ -128,23 +134,31 @@ def main(argv=None) -> int:
     args.batch, args.repeats, args.image_size, args.skip_variants = 8, 1, 8, True
   size = args.image_size
   main_result = measure("im2col", args.batch, args.repeats, image_size=size,
-                        label="default (automatic microbatch)")
+                        label="default (clipping auto, automatic microbatch)")
   variants = [main_result]
+  paths = {}
   if not args.skip_variants:
+    # The two paths auto chooses between, as many repeats as the default: the goal
+    # (within 10% of the faster) is a ratio of medians of the same size.
+    for clipping in ("vmap", "ghost"):
+      paths[clipping] = measure("im2col", args.batch, args.repeats, image_size=size, clipping=clipping,
+                                label=f"clipping {clipping!r} forced, automatic microbatch")
+      variants.append(paths[clipping])
     r = max(3, args.repeats // 2)
-    variants.append(measure("im2col", args.batch, r, microbatch=args.batch, image_size=size,
-                            label="one vmap over the whole batch (the previous default)"))
+    variants.append(measure("im2col", args.batch, r, microbatch=args.batch, image_size=size, clipping="vmap",
+                            label="one vmap over the whole batch (the default before microbatching)"))
     variants.append(measure("im2col", args.batch, r, microbatch=args.batch // 4, image_size=size,
-                            label="4 microbatches"))
-    variants.append(measure("im2col", args.batch, r, image_size=size, clipping="ghost",
-                            label="ghost clipping, automatic microbatch"))
-    variants.append(measure("native", args.batch, r, image_size=size, label="native convolutions"))
+                            clipping="vmap", label="4 microbatches"))
+    variants.append(measure("native", args.batch, r, image_size=size, clipping="vmap",
+                            label="native convolutions"))
   result = {
       "model": "papernot_steinke_cnn", "batch": args.batch, "input_shape": [size, size, 1],
       "nonprivate_examples_per_s": main_result["nonprivate_examples_per_s"],
       "dp_examples_per_s": main_result["dp_examples_per_s"],
       "dp_over_nonprivate_time": main_result["dp_over_nonprivate_time"],
       "conv_impl": "im2col", "microbatch_size": main_result["microbatch_size"],
+      "auto_over_faster_path": (main_result["dp_examples_per_s"] /
+                                max(p["dp_examples_per_s"] for p in paths.values()) if paths else None),
       "repeats": args.repeats, "quick": bool(args.quick),
       "backend": jax.default_backend(), "devices": len(jax.devices()),
       "cpu_count": os.cpu_count(), "jax_version": jax.__version__,

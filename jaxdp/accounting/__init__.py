@@ -56,6 +56,7 @@ from jaxdp.accounting.events import UnsupportedBaseError
 from jaxdp.accounting.events import Zcdp
 from jaxdp.accounting.inverse import calibrate_noise
 from jaxdp.accounting.inverse import max_mean
+from jaxdp.accounting.inverse import noise_for
 from jaxdp.accounting.inverse import Plan
 from jaxdp.accounting.inverse import plan
 from jaxdp.accounting.inverse import PlanRow

@@ -71,6 +71,28 @@ def make_accountant(method: str = "best", *, orders: Optional[Sequence[float]] =
   raise ValueError(f"method must be one of {ALL_METHODS}, got {method!r}")
 
 
+#: The methods "best" takes the minimum over, cheapest first (milliseconds for
+#: the RDP and pure-DP methods, up to seconds for the profile and PLD ones).
+BEST_BY_COST = ("liu-talwar", "rdp", "composition", "profile", "profile-refined", "pld")
+
+
+def best_methods(allow_refined: bool = False) -> tuple:
+  """The methods "best" uses, cheapest first (`BEST_BY_COST`)."""
+  return tuple(m for m in BEST_BY_COST if allow_refined or m not in OPT_IN_METHODS)
+
+
+def best_member(method: str, *, orders: Optional[Sequence[float]] = None) -> dpa.PrivacyAccountant:
+  """A fresh accountant for `method` as "best" uses it (one of `best_methods(True)`).
+
+  PLD mixtures pay one FFT composition per term: "best" takes them only for
+  light tails (bounded K, or few terms), where they can beat the selection
+  theorems; method "pld" itself goes up to its default.
+  """
+  if method == "pld":
+    return pld_accountant.PldAccountant(max_terms=BEST_PLD_MAX_TERMS)
+  return make_accountant(method, orders=orders)
+
+
 class BestAccountant(base.Accountant):
   """The smallest epsilon (delta) over every method that supports all composed events.
 
@@ -86,12 +108,9 @@ class BestAccountant(base.Accountant):
 
   def __init__(self, orders: Optional[Sequence[float]] = None, allow_refined: bool = False):
     super().__init__()
-    names = [m for m in METHODS if allow_refined or m not in OPT_IN_METHODS]
-    self.accountants = {m: make_accountant(m, orders=orders) for m in names}
-    # PLD mixtures pay one FFT composition per term: "best" takes them only for
-    # light tails (bounded K, or few terms), where they can beat the selection
-    # theorems; method "pld" itself goes up to its default.
-    self.accountants["pld"] = pld_accountant.PldAccountant(max_terms=BEST_PLD_MAX_TERMS)
+    used = best_methods(allow_refined)
+    # In METHODS' order, which the messages naming every method follow.
+    self.accountants = {m: best_member(m, orders=orders) for m in METHODS if m in used}
     self.dropped: dict = {}
 
   def _maybe_compose(self, event, count, do_compose):
@@ -129,17 +148,13 @@ class BestAccountant(base.Accountant):
   def get_delta(self, target_epsilon: float) -> float:
     return min(self._results(lambda a: a.get_delta(target_epsilon)).values())
 
-  #: Cheapest first (milliseconds for the RDP and pure-DP methods, up to
-  #: seconds for the profile and PLD ones), for `epsilon_at_most`.
-  _BY_COST = ("liu-talwar", "rdp", "composition", "profile", "profile-refined", "pld")
-
   def epsilon_at_most(self, target_delta: float, target_epsilon: float) -> tuple[bool, Optional[float]]:
     """Whether get_epsilon(target_delta) <= target_epsilon, asking the cheapest methods first.
 
     The minimum over the methods meets the target iff one of them does, so
     the methods are asked cheapest first and the first one that meets it
-    ends the search. Searches over a parameter (`inverse.calibrate`) need
-    only this answer at most of the points they try.
+    ends the search. (Searches over a parameter go further: `inverse.calibrate`
+    searches each method on its own, by the same argument.)
 
     Returns:
       (meets, epsilon): epsilon is get_epsilon(target_delta) exactly when
@@ -149,7 +164,7 @@ class BestAccountant(base.Accountant):
     Raises:
       NotApplicableError: as `get_epsilon`, when no method applies.
     """
-    names = sorted(self.accountants, key=lambda m: self._BY_COST.index(m) if m in self._BY_COST else -1)
+    names = [m for m in BEST_BY_COST if m in self.accountants]
     out = {}
     for i, name in enumerate(names):
       try:

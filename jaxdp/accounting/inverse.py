@@ -5,6 +5,15 @@ Every search goes through `dp_accounting.calibrate_dp_mechanism` (Brent's
 method; the returned parameter is one whose epsilon was computed and found
 within the target), on the log of the parameter: the answer always errs on the
 private side, and only its optimality is approximate (relative `rtol`).
+
+Method "best" is the minimum of the methods' epsilons, so a parameter meets
+the target by "best" iff it does by one of them: the answer is the most
+permissive of the methods' answers. Each method is therefore searched on its
+own, cheapest first, and a method after the first costs one evaluation (one
+step past the answer so far, which it must meet to improve on it by more than
+the tolerance) unless it wins. The expensive methods (privacy profiles, PLD
+mixtures) thus see one or a few parameters instead of every step of the
+search, and no parameter is accounted by every method at once.
 """
 
 from __future__ import annotations
@@ -55,13 +64,26 @@ class _Search:
   or `plan`, so nothing outlives it.
   """
 
-  def __init__(self, method: str, orders, allow_refined: bool):
+  def __init__(self, method: str, orders, allow_refined: bool, member_of_best: bool = False):
     self.method, self.orders, self.allow_refined = method, orders, allow_refined
+    # As one of "best"'s methods: its own accountant for the method, and an event
+    # it cannot account (or a theorem whose condition fails) has epsilon inf.
+    self.member_of_best = member_of_best
+    self.method_searches: Optional[dict] = None  # "best": one _Search per method, made when first needed
     self._epsilons: dict = {}
-    self._meets: dict = {}
 
   def accountant(self) -> dpa.PrivacyAccountant:
+    if self.member_of_best:
+      return api.best_member(self.method, orders=self.orders)
     return api.make_accountant(self.method, orders=self.orders, allow_refined=self.allow_refined)
+
+  def _account(self, event, delta: float) -> float:
+    try:
+      return self.accountant().compose(event).get_epsilon(delta)
+    except (dpa.UnsupportedEventError, ev.NotApplicableError):
+      if not self.member_of_best:
+        raise
+      return math.inf
 
   @staticmethod
   def _key(event, delta: float):
@@ -73,26 +95,14 @@ class _Search:
     key = self._key(event, delta)
     if key is not None and key in self._epsilons:
       return self._epsilons[key]
-    eps = self.accountant().compose(event).get_epsilon(delta)
+    eps = self._account(event, delta)
     if key is not None:
       self._epsilons[key] = eps
     return eps
 
   def meets(self, event, epsilon: float, delta: float) -> bool:
-    """Whether self.epsilon(event, delta) <= epsilon (for "best", cheapest methods first)."""
-    key = self._key(event, delta)
-    if key is not None and key in self._epsilons:
-      return self._epsilons[key] <= epsilon
-    if key is not None and (key, epsilon) in self._meets:
-      return self._meets[(key, epsilon)]
-    if self.method != "best":
-      return self.epsilon(event, delta) <= epsilon
-    ok, eps = self.accountant().compose(event).epsilon_at_most(delta, epsilon)
-    if key is not None:
-      if eps is not None:  # every method was asked: eps is get_epsilon's exactly
-        self._epsilons[key] = eps
-      self._meets[(key, epsilon)] = ok
-    return ok
+    """Whether self.epsilon(event, delta) <= epsilon."""
+    return self.epsilon(event, delta) <= epsilon
 
   def fresh_accountant(self) -> "_RememberingAccountant":
     return _RememberingAccountant(self)
@@ -139,10 +149,58 @@ def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
                     low=low, high=high, start=start, increasing=increasing, rtol=rtol, discrete=discrete)
 
 
-def _calibrate(make_event, target_epsilon: float, target_delta: float, search: _Search, *,
-               low: float, high: float, start: float, increasing: bool, rtol: float,
-               discrete: bool) -> Optional[float]:
-  """`calibrate` with the search's accountant and memory."""
+def _calibrate(make_event, target_epsilon: float, target_delta: float, search: _Search, **kw) -> Optional[float]:
+  """`calibrate` with the search's accountant and memory ("best": method by method)."""
+  if search.method != "best":
+    return _calibrate_one(make_event, target_epsilon, target_delta, search, **kw)
+  # The errors "best" raises for an event no method can account, before any search.
+  event = make_event(min(max(kw["start"], kw["low"]), kw["high"]))
+  api.make_accountant("best", orders=search.orders, allow_refined=search.allow_refined).compose(event)
+  if search.method_searches is None:
+    search.method_searches = {m: _Search(m, search.orders, search.allow_refined, member_of_best=True)
+                              for m in api.best_methods(search.allow_refined)}
+  # A method that cannot account this kind of event is left out rather than searched for nothing.
+  able = {m: s for m, s in search.method_searches.items() if s.accountant().supports(event)}
+  return _calibrate_best(make_event, target_epsilon, target_delta, able, **kw)
+
+
+def _calibrate_best(make_event, target_epsilon: float, target_delta: float, searches: dict, *, low: float,
+                    high: float, start: float, increasing: bool, rtol: float, discrete: bool) -> Optional[float]:
+  """The most permissive of the methods' answers (see the module docstring).
+
+  With epsilon increasing in x the answer is the largest feasible x, else the
+  smallest. Until one method has an answer, each is first asked at the end
+  of the range where it is most permissive, and skipped if it fails there.
+  A method improves on the answer so far only if it meets the target one
+  step (a factor 1 + rtol, or 1 if `discrete`) beyond it; then it is searched
+  between that step and the far end of the range, where every earlier method
+  failed.
+  """
+  found = None
+  edge = low if increasing else high  # where a method's epsilon is smallest: its most permissive x
+  for search in searches.values():
+    if found is None:
+      if not search.meets(make_event(edge), target_epsilon, target_delta):
+        continue  # monotone: it meets the target nowhere, and one evaluation said so
+      x = _calibrate_one(make_event, target_epsilon, target_delta, search, low=low, high=high, start=start,
+                         increasing=increasing, rtol=rtol, discrete=discrete)
+    else:
+      step = (found + 1 if increasing else found - 1) if discrete else (
+          found * (1.0 + rtol) if increasing else found / (1.0 + rtol))
+      if not low <= step <= high or not search.meets(make_event(step), target_epsilon, target_delta):
+        continue
+      lo, hi = (step, high) if increasing else (low, step)
+      x = _calibrate_one(make_event, target_epsilon, target_delta, search, low=lo, high=hi, start=step,
+                         increasing=increasing, rtol=rtol, discrete=discrete)
+    if x is not None and (found is None or (x > found if increasing else x < found)):
+      found = x
+  return found
+
+
+def _calibrate_one(make_event, target_epsilon: float, target_delta: float, search: _Search, *,
+                   low: float, high: float, start: float, increasing: bool, rtol: float,
+                   discrete: bool) -> Optional[float]:
+  """`calibrate` with one method's accountant and memory."""
   if discrete:
     to_x, from_x, tol = (lambda t: int(round(t))), (lambda x: float(x)), None
   else:
@@ -275,11 +333,43 @@ def noise_for(make_event: Callable[[float], dpa.DpEvent], epsilon: float, delta:
               sigma_max: float = 1e3, where: str = "") -> float:
   """Smallest sigma in [1e-3, sigma_max] with epsilon(make_event(sigma)) <= target.
 
+  The general form of `calibrate_noise`, for any family of events: a
+  search's whole event (its candidates' training and DP scores, K's law) as a
+  function of the training noise is what `jaxdp.tuning`'s `target_epsilon`
+  calibrates.
+
+  Args:
+    make_event: sigma -> DpEvent; its epsilon must not increase with sigma.
+    epsilon: target epsilon > 0.
+    delta: target delta in (0, 1).
+    method, orders, allow_refined: as for `epsilon`.
+    rtol: relative tolerance: the answer meets the target and sigma /
+      (1 + rtol) does not (by every method, for "best").
+    sigma_max: give up above this noise multiplier.
+    where: appended to the out-of-reach message (e.g. " for this search").
+
+  Returns:
+    sigma, rounded towards more noise: `epsilon(make_event(sigma), delta,
+    method)` is at most `epsilon`.
+
+  Raises:
+    ValueError: not even `sigma_max` meets the target.
+
   Seeded by the RDP answer, which is cheap and (nearly always) an upper
-  bound of the others', so expensive accountants only see nearby sigmas.
+  bound of the others', so expensive accountants only see nearby sigmas
+  ("best" searches RDP first anyway, and every later method from its answer).
+
+  Example:
+    >>> import dp_accounting as dpa
+    >>> from jaxdp import accounting as acc
+    >>> search = lambda s: acc.RepeatAndSelect(dpa.ComposedDpEvent(
+    ...     [acc.dpsgd_event(0.2, s, 50), dpa.GaussianDpEvent(5.0)]), acc.Geometric(mean=3))
+    >>> sigma = acc.noise_for(search, 2.0, 1e-5)
+    >>> acc.epsilon(search(sigma), 1e-5) <= 2.0 < acc.epsilon(search(sigma / 1.001), 1e-5)
+    True
   """
   seed = 1.0
-  if method != "rdp":
+  if method not in ("rdp", "best"):
     try:
       rough = calibrate(make_event, epsilon, delta, low=_SIGMA_MIN, high=sigma_max, start=1.0,
                         increasing=False, method="rdp", orders=orders, rtol=0.05)

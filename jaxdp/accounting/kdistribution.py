@@ -35,6 +35,17 @@ def as_generator(rng) -> np.random.Generator:
   return np.random.default_rng(bits.astype(np.uint64))
 
 
+def generators_for_keys(keys) -> list:
+  """`as_generator(key)` for each of a batch of JAX PRNG keys (shape (n,)), the bits drawn at once.
+
+  `jax.random.bits` is defined key by key, so the vmapped draw gives each key
+  the bits `as_generator` draws for it alone: the same generators.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  bits = np.asarray(jax.vmap(lambda key: jax.random.bits(key, (4,), dtype=np.uint32))(keys))
+  return [np.random.default_rng(row.astype(np.uint64)) for row in bits]
+
+
 #: Most pmf terms `sf` sums beyond k before bounding the rest, and most it
 #: sums below k for 1 - cdf (vectorised: ~10 ms and ~0.2 s).
 _SF_MAX_TAIL_TERMS = 1 << 18

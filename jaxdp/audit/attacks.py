@@ -6,7 +6,10 @@ full-batch DP-SGD step on a single scalar parameter w; every example's
 gradient is zero except the canary's, whose gradient reaches w only in the
 candidates of the grid's "sensitive" arm. A candidate's score is w itself, so
 it is a Gaussian mechanism whose score moves by exactly the clip norm when the
-canary is present, and the search releases the best of K of them.
+canary is present, and the search releases the best of K of them. Its exact
+privacy profile is known (`jaxdp.audit.exact.GadgetProfile`); given K's law
+its statistic is the exact log-likelihood ratio of the release (arm and
+score), the most powerful test at every level (Neyman-Pearson).
 
 `outlier_lr_tuning`: a realistic search: DP-SGD logistic regression on
 scikit-learn's breast-cancer data whose learning rate is tuned, with or
@@ -20,7 +23,7 @@ where D' holds the canary.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +31,8 @@ import numpy as np
 import optax
 
 from jaxdp import _validate
+from jaxdp import accounting as acc
+from jaxdp.audit import exact
 from jaxdp.audit.game import Release, Statistic, released_score
 from jaxdp.data import Dataset
 from jaxdp.train import Model, Task, TrainConfig
@@ -81,7 +86,8 @@ _GADGET_TASK = Task(model=_gadget_model, loss=_gadget_loss, score=_gadget_score,
                     optimizer=lambda hp: optax.sgd(hp["learning_rate"]), name="selection_gadget")
 
 
-def selection_gadget(noise_multiplier: float, *, num_examples: int = 16, arms: int = 2) -> Attack:
+def selection_gadget(noise_multiplier: float, *, num_examples: int = 16, arms: int = 2,
+                     repetitions: Optional[acc.KDistribution] = None) -> Attack:
   """The worst-case selection audit (see the module docstring).
 
   Args:
@@ -89,11 +95,15 @@ def selection_gadget(noise_multiplier: float, *, num_examples: int = 16, arms: i
       non-private search).
     num_examples: N, public.
     arms: grid size; arm 1..arms-1 are sensitive to the canary, arm 0 is not.
+    repetitions: K's law of the search to audit, for the likelihood-ratio
+      statistic (None: the released score, a weaker test that ignores the
+      arm).
 
   Returns:
     The `Attack`: one DP step with q = 1 and clip norm 1, learning rate N so
     that w = 1[canary, sensitive arm] + sigma * Z exactly; the statistic is
-    the released score.
+    log f_D'(release) / f_D(release) (`GadgetProfile.log_ratio`) given
+    `repetitions` and sigma > 0, else the released score.
   """
   n = _validate.integer("num_examples", num_examples, low=2)
   arms = _validate.integer("arms", arms, low=2)
@@ -107,9 +117,19 @@ def selection_gadget(noise_multiplier: float, *, num_examples: int = 16, arms: i
                   name="gadget D'")
   config = TrainConfig(task=_GADGET_TASK, l2_clip_norm=1.0, noise_multiplier=noise_multiplier,
                        sampling_prob=1.0, steps=1, hparams={"learning_rate": float(n), "arm": 0})
+  statistic = released_score(default=-1e6)
+  if repetitions is not None and noise_multiplier > 0:
+    statistic = _log_ratio_statistic(exact.GadgetProfile(noise_multiplier, repetitions, arms=arms))
   return Attack(name=f"selection gadget (sigma={noise_multiplier:g})", config=config,
-                grid={"arm": list(range(arms))}, without=without, with_=with_,
-                statistic=released_score(default=-1e6))
+                grid={"arm": list(range(arms))}, without=without, with_=with_, statistic=statistic)
+
+
+def _log_ratio_statistic(profile: "exact.GadgetProfile") -> Statistic:
+  def statistic(release: Release) -> float:
+    if release.hyperparameters is None:
+      return -1e6  # K = 0: the same probability on both sides
+    return float(profile.log_ratio(release.hyperparameters["arm"] != 0, release.score))
+  return statistic
 
 
 def _logistic(hp) -> Model:

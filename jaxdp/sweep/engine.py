@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
-from jaxdp.sweep.space import Candidate
+from jaxdp.sweep.space import Candidate, candidate_keys
 from jaxdp.train import checks, program
 from jaxdp.train.program import LoopOutput, LoopSpec
 from jaxdp.train.trainer import CandidateResult, device_splits, result_of
@@ -203,9 +203,13 @@ def _groups(candidates, data: Dataset, num_devices: int, search_size: Optional[i
   order. The automatic degree is chosen for `search_size` candidates (default: the
   group's). Every group's task and degree are checked before any group trains."""
   by_spec: dict = {}
+  specs: dict = {}  # a search's candidates share a few config objects: one spec each
   for i, cand in enumerate(candidates):
-    requested = cand.config.execution.data_parallel
-    by_spec.setdefault((LoopSpec.from_config(cand.config, data), requested), []).append(i)
+    config = cand.config
+    if id(config) not in specs:
+      specs[id(config)] = (LoopSpec.from_config(config, data), config.execution.data_parallel, config)
+    spec, requested, _ = specs[id(config)]
+    by_spec.setdefault((spec, requested), []).append(i)
   groups = []
   for (spec, requested), indices in by_spec.items():
     degree = data_parallel_degree(requested, search_size or len(indices), num_devices)
@@ -220,12 +224,12 @@ def _chunk_inputs(candidates, part: list, chunk: int, n: int, spec: LoopSpec, me
   (and replicated over the data axis)."""
   padded = part + [part[-1]] * (chunk - len(part))  # copies fill the last chunk: one compilation
   configs = [candidates[i].config for i in padded]
-  plans = [c.plan(n).for_device() for c in configs]
-  plan = jax.tree.map(lambda *xs: np.asarray(xs, np.float32), *plans)
+  by_config = {id(c): c.plan(n).for_device() for c in configs}  # a few distinct configs per chunk
+  plan = jax.tree.map(lambda *xs: np.asarray(xs, np.float32), *[by_config[id(c)] for c in configs])
   traced = {name: np.asarray([c.hparams[name] for c in configs], np.float32)
             for name in spec.traced_names}
   # Keyed by (grid point, seed): equal seeds at two points must not share noise.
-  keys = jnp.stack([candidates[i].key() for i in padded])
+  keys = candidate_keys([candidates[i] for i in padded])
   return jax.device_put((plan, traced, keys), NamedSharding(mesh, P("candidates")))
 
 

@@ -184,6 +184,19 @@ def candidate_key(point: Mapping[str, Any], seed: int) -> jax.Array:
   return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), high), low)
 
 
+def candidate_keys(candidates: Sequence["Candidate"]) -> jax.Array:
+  """`[c.key() for c in candidates]` stacked, derived at once (the same keys: `fold_in` is
+  defined key by key, so its vmap gives each candidate the key it gets alone)."""
+  words = np.array([(c.seed, *point_hash(c.point)) for c in candidates], np.uint32).reshape(-1, 3)
+  return _derive_keys(words)
+
+
+@jax.jit
+def _derive_keys(words):
+  derive = lambda w: jax.random.fold_in(jax.random.fold_in(jax.random.key(w[0]), w[1]), w[2])
+  return jax.vmap(derive)(words)
+
+
 @dataclasses.dataclass(frozen=True)
 class Candidate:
   """One grid point trained with one seed; its PRNG key is `candidate_key(point, seed)`."""

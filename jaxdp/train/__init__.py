@@ -10,7 +10,8 @@
   clipping     per_example_grads, clip_per_example, clipped_grad_sum and the
                optax transform clip_per_example_l2.
   ghost        ghost clipping: the same clipped sum without per-example
-               gradients of Dense/Conv layers (Task(clipping='ghost')).
+               gradients of Dense/Conv layers, everywhere (Task(clipping='ghost'))
+               or where a cost model says it pays (Task(clipping='auto'), the default).
   microbatching  the automatic microbatch size of the per-example path.
   noise        add_gaussian_noise, normalize_by_expected_batch_size (optax).
   sampling     Poisson subsampling with static padded shapes.

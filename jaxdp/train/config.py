@@ -19,6 +19,7 @@ from typing import Any, Mapping, Optional
 import dp_accounting
 
 from jaxdp import _validate
+from jaxdp._cache import LruCache
 from jaxdp import accounting as acc
 from jaxdp.accounting import events as acc_events
 from jaxdp.train.plan import DpSgdPlan
@@ -278,7 +279,22 @@ def check_hparams(task: Task, hparams: Mapping[str, Any]) -> None:
                      "would change nothing. Remove them or use them in the task")
 
 
+_EPSILONS = LruCache(4096)
+
+
 def epsilon(config: TrainConfig, num_examples: Optional[int] = None) -> float:
-  """Epsilon of one run at `config.target_delta` by `EPSILON_METHOD` (inf if sigma = 0)."""
-  return float(acc.epsilon(config.dp_event(num_examples), float(config.target_delta),
-                           method=EPSILON_METHOD))
+  """Epsilon of one run at `config.target_delta` by `EPSILON_METHOD` (inf if sigma = 0).
+
+  Remembered by event (the engine asks once per candidate, and a search's
+  candidates share a handful of events): accounting is deterministic, so the
+  remembered number is the one a fresh accountant gives.
+  """
+  event, delta = config.dp_event(num_examples), float(config.target_delta)
+  key = acc_events.event_key(event)
+  memo = (key, delta, EPSILON_METHOD)
+  found = None if key is None else _EPSILONS.get(memo)
+  if found is None:
+    found = float(acc.epsilon(event, delta, method=EPSILON_METHOD))
+    if key is not None:
+      _EPSILONS.put(memo, found)
+  return found

@@ -58,11 +58,16 @@ from flax.linen import dtypes as flax_dtypes
 
 from jaxdp.models import layers as jaxdp_layers
 from jaxdp.train import clipping
+from jaxdp.train import microbatching
 
 PyTree = Any
 LossFn = clipping.LossFn
 
 _HIGHEST = jax.lax.Precision.HIGHEST
+#: `auto=True` (`Task(clipping="auto")`) keeps ghost norms only if, together,
+#: they shrink one example's working set by at least this fraction of it;
+#: below that the per-example gradient path is as small and has less work.
+AUTO_MIN_SAVING = 0.1
 _NOT_DETERMINISTIC = ("loss_fn made different Dense/Conv calls when traced again; ghost clipping "
                       "needs a loss whose layer calls depend on shapes only")
 
@@ -295,7 +300,57 @@ def _check_sole_use(loss_fn, treedef, leaf_avals, example_avals, calls: list[_Ca
       return
 
 
-def _analyse(loss_fn: LossFn, params: PyTree, batch: PyTree):
+class _Cost(NamedTuple):
+  """One eligible call's per-example bytes on each path, and whether its ghost norm needs less work."""
+  gradient_bytes: int  # its leaves' per-example gradients (the vmap path)
+  ghost_bytes: int     # cotangents, a convolution's patches, and the Gram matrices or R^T G
+  less_work: bool      # ||r||^2 ||g||^2 (T = 1) or the Gram form; the R^T G form is vmap's work and more
+
+
+def _cost(call: _Call, leaf_avals: list) -> _Cost:
+  kernel = leaf_avals[call.params["kernel"]]
+  item = jnp.dtype(kernel.dtype).itemsize
+  d_out = call.out.shape[-1]
+  d_in, t = math.prod(kernel.shape) // d_out, math.prod(call.out.shape[1:-1])
+  gram = t * (d_in + d_out) < d_in * d_out  # `_kernel_sq_norms`' choice
+  norms = 0 if t == 1 else 2 * t * t if gram else d_in * d_out
+  patches = 0 if call.kind == "Dense" else t * d_in  # a Dense layer's rows are its input
+  return _Cost(gradient_bytes=item * sum(math.prod(leaf_avals[i].shape) for i in call.params.values()),
+               ghost_bytes=item * (t * d_out + patches + norms), less_work=t == 1 or gram)
+
+
+def _choose(loss_fn, treedef, leaf_avals, example_avals, calls: list[_Call]) -> None:
+  """`auto`: marks the eligible calls whose per-example gradients are the better path.
+
+  A call keeps its ghost norm only if that needs both less memory and less
+  work than its per-example gradient, and the calls kept must together save
+  `AUTO_MIN_SAVING` of one example's working set on the vmap path
+  (`microbatching.per_example_bytes`) unless that working set exceeds the
+  device's microbatch budget on its own (`microbatching.budget_bytes`), where
+  every byte saved counts. Otherwise the ghost path's own work (a
+  convolution's patches rebuilt, a second sum per layer) buys no microbatch
+  worth having, and every call falls back: the step is the vmap path.
+  """
+  eligible = [c for c in calls if c.reason is None]
+  costs = {c.key: _cost(c, leaf_avals) for c in eligible}
+  for c in eligible:
+    cost = costs[c.key]
+    if not cost.less_work or cost.ghost_bytes >= cost.gradient_bytes:
+      c.reason = (f"auto: its per-example gradient ({cost.gradient_bytes:,} bytes) is cheaper than a "
+                  f"ghost norm ({cost.ghost_bytes:,} bytes{'' if cost.less_work else ', more work'})")
+  kept = [c for c in eligible if c.reason is None]
+  if not kept:
+    return
+  saved = sum(costs[c.key].gradient_bytes - costs[c.key].ghost_bytes for c in kept)
+  one = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1,) + a.shape, a.dtype), example_avals)
+  working_set = microbatching.per_example_bytes(loss_fn, treedef.unflatten(leaf_avals), one)
+  if saved < AUTO_MIN_SAVING * working_set and working_set <= microbatching.budget_bytes():
+    for c in kept:
+      c.reason = (f"auto: ghost norms would save {saved:,} of an example's {working_set:,} bytes "
+                  f"(< {AUTO_MIN_SAVING:.0%}); per-example gradients throughout")
+
+
+def _analyse(loss_fn: LossFn, params: PyTree, batch: PyTree, auto: bool = False):
   """(calls, leaf paths, treedef) for one example's loss, from shapes only."""
   with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
   names = [jax.tree_util.keystr(path) for path, _ in with_path]
@@ -304,10 +359,12 @@ def _analyse(loss_fn: LossFn, params: PyTree, batch: PyTree):
       lambda leaf: jax.ShapeDtypeStruct(jnp.shape(leaf)[1:], jnp.result_type(leaf)), batch)
   calls = _discover(loss_fn, treedef, leaf_avals, example_avals)
   _check_sole_use(loss_fn, treedef, leaf_avals, example_avals, calls)
+  if auto:
+    _choose(loss_fn, treedef, leaf_avals, example_avals, calls)
   return calls, names, treedef
 
 
-def ghost_layers(loss_fn: LossFn, params: PyTree, batch: PyTree) -> GhostSplit:
+def ghost_layers(loss_fn: LossFn, params: PyTree, batch: PyTree, *, auto: bool = False) -> GhostSplit:
   """Which leaves `ghost_clipped_grad_sum` handles by ghost norms, and why others fall back.
 
   Only shapes are used (nothing is computed on the values), so `params` and
@@ -317,6 +374,9 @@ def ghost_layers(loss_fn: LossFn, params: PyTree, batch: PyTree) -> GhostSplit:
     loss_fn: per-example loss, as for `clipping.clipped_grad_sum`.
     params: parameter tree.
     batch: pytree of arrays with the examples on the leading axis.
+    auto: apply the cost model of `Task(clipping="auto")` (see
+      `ghost_clipped_grad_sum`); a layer it sends to per-example gradients
+      says why in its `reason`, starting 'auto:'.
 
   Returns:
     The `GhostSplit`.
@@ -329,7 +389,7 @@ def ghost_layers(loss_fn: LossFn, params: PyTree, batch: PyTree) -> GhostSplit:
     >>> ghost_layers(loss_fn, params, jnp.ones((8, 4))).fallback_leaves
     ()
   """
-  calls, names, _ = _analyse(loss_fn, params, batch)
+  calls, names, _ = _analyse(loss_fn, params, batch, auto)
   layers = tuple(GhostLayer(module=c.key[0], call=c.key[1], kind=c.kind,
                             leaves=tuple(names[i] for i in sorted(c.params.values())),
                             reason=c.reason) for c in calls)
@@ -387,7 +447,7 @@ def _per_example_sq_norms(grads: list[jax.Array]) -> jax.Array:
 
 
 def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask: jax.Array,
-                           l2_clip_norm: jax.Array) -> tuple[PyTree, jax.Array]:
+                           l2_clip_norm: jax.Array, *, auto: bool = False) -> tuple[PyTree, jax.Array]:
   """Sum over the unmasked examples of their clipped gradients, by ghost clipping.
 
   A drop-in for `clipping.clipped_grad_sum`: same arguments, same result up
@@ -413,6 +473,15 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
     batch: pytree of arrays with b examples on the leading axis.
     mask: (b,) boolean, True for rows that belong to the sampled batch.
     l2_clip_norm: clip norm C > 0 (may be traced).
+    auto: choose, per eligible layer, between its ghost norm and its
+      per-example gradient by their per-example bytes and work, from shapes
+      (`Task(clipping="auto")`, the default): a layer keeps its ghost norm
+      only where that is smaller and less work, and only if the layers kept
+      save `AUTO_MIN_SAVING` of an example's working set (or that working
+      set exceeds the device's microbatch budget). Wide Dense layers go
+      ghost; a small CNN's convolutions, whose patches cost more than their
+      kernels' gradients, stay on the vmap path. The sum is the same either
+      way, up to float rounding.
 
   Returns:
     (summed clipped gradient tree shaped like `params`, number of unmasked
@@ -422,7 +491,7 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
     RuntimeError: if `loss_fn` makes different layer calls in different
       traces (its calls must depend on shapes only).
   """
-  calls, _, treedef = _analyse(loss_fn, params, batch)
+  calls, _, treedef = _analyse(loss_fn, params, batch, auto)
   ghost_calls = [c for c in calls if c.reason is None]
   if not ghost_calls:
     return clipping.clipped_grad_sum(loss_fn, params, batch, mask, l2_clip_norm)

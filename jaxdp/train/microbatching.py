@@ -56,7 +56,7 @@ def _jaxpr_bytes(jaxpr) -> int:
 
 
 def per_example_bytes(loss_fn: Callable[..., jax.Array], params: PyTree, example: PyTree,
-                      *constants: PyTree) -> int:
+                      *constants: PyTree, without: tuple = ()) -> int:
   """Bytes of every value in the gradient of one example's loss (traced, not run).
 
   Args:
@@ -66,12 +66,20 @@ def per_example_bytes(loss_fn: Callable[..., jax.Array], params: PyTree, example
       `jax.ShapeDtypeStruct`s.
     *constants: further inputs of the loss that are not differentiated
       (frozen parameters), arrays or `jax.ShapeDtypeStruct`s.
+    without: leaves of `params` (`jax.tree_util.keystr` paths) whose
+      per-example gradients are never materialised (ghost clipping's layers,
+      `jaxdp.train.ghost.ghost_layers(...).ghost_leaves`): their bytes are
+      not counted.
 
   Returns:
     A positive int.
   """
   closed = jax.make_jaxpr(jax.grad(lambda p, b, *c: loss_fn(p, b, *c)[0]))(params, example, *constants)
-  return max(1, _jaxpr_bytes(closed.jaxpr))
+  skipped = set(without)
+  saved = sum(math.prod(leaf.shape) * leaf.dtype.itemsize
+              for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+              if jax.tree_util.keystr(path) in skipped)
+  return max(1, _jaxpr_bytes(closed.jaxpr) - saved)
 
 
 def budget_bytes(device: jax.Device | None = None) -> int:
@@ -112,13 +120,14 @@ def auto_microbatch_size(padded_batch_size: int, bytes_per_example: int, budget:
 
 
 def microbatch_size_for(loss_fn: Callable[[PyTree, PyTree], jax.Array], params: PyTree,
-                        batch: PyTree, device: jax.Device | None = None) -> int:
+                        batch: PyTree, device: jax.Device | None = None, *, without: tuple = ()) -> int:
   """The automatic microbatch for a fixed batch of b rows: a divisor of b.
 
   What the trainer picks for `ExecutionConfig(padded_batch_size=b)`, for
-  code that steps a fixed batch itself (the benchmarks).
+  code that steps a fixed batch itself (the benchmarks); `without` as for
+  `per_example_bytes`.
   """
   b = jax.tree.leaves(batch)[0].shape[0]
   example = jax.tree.map(lambda leaf: leaf[:1], batch)
-  return auto_microbatch_size(b, per_example_bytes(loss_fn, params, example), budget_bytes(device),
-                              divide=True)
+  return auto_microbatch_size(b, per_example_bytes(loss_fn, params, example, without=without),
+                              budget_bytes(device), divide=True)

@@ -16,6 +16,7 @@ the rows actually sampled are whatever the data holds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import dp_accounting
@@ -89,18 +90,21 @@ class DpSgdPlan:
                                   self.num_steps)
 
   def clipped_grad(self, loss_fn: Callable[[PyTree, PyTree], jax.Array], *,
-                   method: str = "vmap") -> ClippedGrad:
+                   method: str = "auto") -> ClippedGrad:
     """Clipped per-example gradient sum of `loss_fn(params, batch) -> (b,)`; sensitivity C.
 
     `method` 'vmap' clips vmap per-example gradients; 'ghost' computes the
     norms of Dense/Conv layers without materialising their per-example
-    gradients (`jaxdp.train.ghost`). Either way every example's contribution
-    is clipped to norm C.
+    gradients (`jaxdp.train.ghost`); 'auto' (default) chooses between the two
+    per layer from their per-example bytes and work (`ghost_clipped_grad_sum`
+    with `auto=True`). Every way, every example's contribution is clipped to
+    norm C.
     """
     clip = self.l2_clip_norm
-    summed = {"vmap": clipped_grad_sum, "ghost": ghost_clipped_grad_sum}.get(method)
+    summed = {"vmap": clipped_grad_sum, "ghost": ghost_clipped_grad_sum,
+              "auto": functools.partial(ghost_clipped_grad_sum, auto=True)}.get(method)
     if summed is None:
-      raise ValueError(f"method must be 'vmap' or 'ghost', got {method!r}")
+      raise ValueError(f"method must be 'auto', 'vmap' or 'ghost', got {method!r}")
 
     def fn(params, batch, mask):
       return summed(loss_fn, params, batch, mask, clip)[0]

@@ -26,6 +26,7 @@ import optax
 from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
+from jaxdp.train import ghost
 from jaxdp.train import microbatching
 from jaxdp.train import trainable as trainable_lib
 from jaxdp.train.config import TrainConfig
@@ -208,14 +209,50 @@ def _per_example_bytes(task: Task, static_hparams: tuple, train: PyTree) -> Opti
       params = _abstract_params(task, model, example)
       trained, frozen = trainable_lib.partition(params, task.trainable_mask(params))
       loss = task.per_example_loss(model)
+      split = _ghost_split(task, model, trained, frozen, example)
       size = microbatching.per_example_bytes(
-          lambda t, b, f: trainable_lib.partial_loss(loss, f)(t, b), trained, example, frozen)
-      if task.clipping == "ghost":  # no per-example copy of the (ghost layers') gradients
-        size = max(1, size - sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(trained)))
+          lambda t, b, f: trainable_lib.partial_loss(loss, f)(t, b), trained, example, frozen,
+          without=() if split is None else split.ghost_leaves)
     except Exception:  # pylint: disable=broad-except
       return None
     _PER_EXAMPLE_BYTES.put(memo, size)
   return size
+
+
+def _ghost_split(task: Task, model, trained: PyTree, frozen: PyTree, example: PyTree):
+  """`ghost.ghost_layers` for the task's clipping on these (abstract) values; None for 'vmap'."""
+  if task.clipping == "vmap":
+    return None
+  found = []
+
+  def analyse(frozen):  # traced, so the frozen leaves need no memory
+    loss = trainable_lib.partial_loss(task.per_example_loss(model), frozen)
+    found.append(ghost.ghost_layers(loss, trained, example, auto=task.clipping == "auto"))
+    return 0
+  jax.eval_shape(analyse, frozen)
+  return found[0]
+
+
+def clipping_layers(spec: LoopSpec, train: PyTree) -> tuple:
+  """(module path, 'ghost', 'per-example' or 'frozen', why) for each Dense/Conv call under the
+  spec's `Task.clipping`, in call order; () for 'vmap' (every parameter per-example)."""
+  example = abstract(train, rows=1)
+  model = spec.model()
+  params = _abstract_params(spec.task, model, example)
+  trained, frozen = trainable_lib.partition(params, spec.task.trainable_mask(params))
+  split = _ghost_split(spec.task, model, trained, frozen, example)
+  if split is None:
+    return ()
+  training = {trainable_lib.path_str(path) for path, leaf in jax.tree_util.tree_leaves_with_path(trained)}
+
+  def path(layer):
+    if layer.reason is None:
+      return "ghost", ""
+    if not any(p.startswith(f"params/{layer.module}/") for p in training):
+      return "frozen", "no trainable parameter"
+    return "per-example", layer.reason
+  return tuple((layer.module if layer.call == 0 else f"{layer.module} (call {layer.call})", *path(layer))
+               for layer in split.layers)
 
 
 def per_example_bytes(spec: LoopSpec, train: PyTree) -> Optional[int]:

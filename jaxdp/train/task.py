@@ -41,7 +41,7 @@ from jaxdp.train.noise import round_up_float32
 PyTree = Any
 
 #: Values of `Task.clipping` (see `DpSgdPlan.clipped_grad`).
-CLIPPING_METHODS = ("vmap", "ghost")
+CLIPPING_METHODS = ("auto", "vmap", "ghost")
 
 
 class Model(NamedTuple):
@@ -237,13 +237,17 @@ class Task:
       hparams` carrying hyperparameters tuned on m examples to a final run on
       n (None: that search refuses the task until given one; see
       `scale_learning_rate`).
-    clipping: how per-example gradients are clipped; both give the same
-      clipped sum (up to float rounding) and the same privacy. 'vmap'
-      (default): `jax.vmap` per-example gradients of every parameter.
-      'ghost': per-example norms of `flax.linen.Dense`, `flax.linen.Conv`
-      and `jaxdp.models.Conv2D` layers without materialising their
-      per-example gradients (`jaxdp.train.ghost`), vmap for every other
-      parameter; for wide layers it needs a fraction of the memory.
+    clipping: how per-example gradients are clipped; every way gives the
+      same clipped sum (up to float rounding) and the same privacy. 'auto'
+      (default): per layer, whichever of the two below needs fewer
+      per-example bytes and less work, from the layers' shapes and the
+      device's memory (`jaxdp.train.ghost.ghost_clipped_grad_sum`); the dry
+      run names each layer's path. 'vmap': `jax.vmap` per-example gradients
+      of every parameter. 'ghost': per-example norms of every eligible
+      `flax.linen.Dense`, `flax.linen.Conv` and `jaxdp.models.Conv2D` layer
+      without materialising its per-example gradients (`jaxdp.train.ghost`),
+      vmap for every other parameter; for wide layers it needs a fraction of
+      the memory.
     trainable: which parameters train (`jaxdp.train.trainable`): None (all),
       a predicate on '/'-joined paths (e.g. `lambda path:
       path.startswith("params/head/")`, or `jaxdp.models.lora.adapters`), or
@@ -263,7 +267,7 @@ class Task:
   has_aux: bool = False
   static: tuple = ()
   extrapolate: Optional[Callable[[Mapping[str, Any], int, int], Mapping[str, Any]]] = None
-  clipping: str = "vmap"
+  clipping: str = "auto"
   trainable: Any = None
   name: str = "task"
 

@@ -20,7 +20,7 @@ from jaxdp import accounting as acc
 from jaxdp.accounting import inverse
 from jaxdp.data import Dataset
 from jaxdp.sweep.space import SearchSpace
-from jaxdp.train.program import LoopSpec
+from jaxdp.train.program import LoopSpec, clipping_layers
 from jaxdp.train.trainer import score_source
 
 #: The largest noise multiplier `calibrate_noise` tries.
@@ -116,6 +116,9 @@ class Group:
     padded_batch_size: rows per step on the common path.
     auto_static: (name, why) of each float made static because the optimizer
       factory needs its value (`jaxdp.train.Task.concrete_hparams`).
+    clipping: (layer, 'ghost', 'per-example' or 'frozen', why) for each
+      Dense/Conv call, the path `Task.clipping` takes for it (() for 'vmap').
+    microbatch_size: rows per per-example-gradient call.
   """
   static: Mapping[str, Any]
   traced: tuple
@@ -124,6 +127,8 @@ class Group:
   steps: int
   padded_batch_size: int
   auto_static: tuple = ()
+  clipping: tuple = ()
+  microbatch_size: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +181,9 @@ class DryRun:
     for g in self.groups:
       lines.append(f"  {g.grid_points} grid point(s), static {dict(g.static)}, traced "
                    f"{list(g.traced)}, q={g.sampling_prob:.4g}, steps={g.steps}, "
-                   f"padded batch={g.padded_batch_size}")
+                   f"padded batch={g.padded_batch_size}, microbatch={g.microbatch_size}")
+      lines += [f"    clipping {layer}: {path}" + (f" ({why})" if why else "")
+                for layer, path, why in g.clipping]
     return "\n".join(lines)
 
 
@@ -188,7 +195,8 @@ def groups_of(space: SearchSpace, data: Dataset) -> tuple:
     counts[spec] = counts.get(spec, 0) + 1
   return tuple(Group(static=dict(s.static_hparams), traced=s.traced_names, grid_points=c,
                      sampling_prob=s.sampling_prob, steps=s.num_steps,
-                     padded_batch_size=s.padded_batch_size, auto_static=s.auto_static)
+                     padded_batch_size=s.padded_batch_size, auto_static=s.auto_static,
+                     clipping=clipping_layers(s, data.train), microbatch_size=s.microbatch_size)
                for s, c in counts.items())
 
 

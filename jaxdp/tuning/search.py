@@ -15,15 +15,18 @@ failure stop with probability `stop_prob` and release nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdp import _validate
 from jaxdp import accounting as acc
+from jaxdp.accounting import kdistribution
 from jaxdp.data import Dataset
 from jaxdp.sweep.space import Candidate, SearchSpace
 from jaxdp.train import TrainConfig
@@ -130,11 +133,69 @@ def draw_search(space: SearchSpace, repetitions: acc.KDistribution, key: jax.Arr
 
   Depends only on the public K law, the grid and the key, never on data;
   `random_search`, `subsampled_search` and the audit (`jaxdp.audit`) all draw
-  through it, so an audit runs exactly the searches users run.
+  through it (`draw_searches`), so an audit runs exactly the searches users run.
   """
-  k_key, draw_key = jax.random.split(key)
-  k = int(repetitions.sample(k_key))
-  return _draw_candidates(space, k, draw_key) if k else []
+  return draw_searches(space, repetitions, key[None])[0]
+
+
+def draw_searches(space: SearchSpace, repetitions: acc.KDistribution, keys: jax.Array) -> list:
+  """`draw_search` for each key of `keys` (typed keys, shape (n,)): the same candidates, drawn at once.
+
+  Every JAX random function is defined key by key, so vmapping over the keys
+  (and, for the grid draws, over the searches with the same K) gives each
+  search the bits it gets alone; an audit draws 10^5 searches this way in
+  seconds.
+  """
+  impl = jax.random.key_impl(keys)
+  pairs = _in_chunks("split", jax.random.split, np.asarray(jax.random.key_data(keys)), impl)
+  k_keys = jax.random.wrap_key_data(pairs[:, 0], impl=impl)
+  ks = [int(repetitions.sample(g)) for g in kdistribution.generators_for_keys(k_keys)]
+  out: list = [[] for _ in ks]
+  by_k: dict = {}
+  for i, k in enumerate(ks):
+    if k:
+      by_k.setdefault(k, []).append(i)
+  for k, rows in by_k.items():
+    draw = functools.partial(_indices, n=k, size=len(space))
+    picks, seeds = _in_chunks(("indices", k, len(space)), draw, pairs[np.asarray(rows), 1], impl)
+    for row, i in enumerate(rows):
+      out[i] = _candidates(space, picks[row], seeds[row])
+  return out
+
+
+_CHUNK = 4096
+
+
+def _in_chunks(name, fn, key_data: np.ndarray, impl) -> Any:
+  """`jax.vmap(fn)` over the keys whose raw data is `key_data`, as NumPy (keys as their data).
+
+  Compiled once per `name` for chunks of `_CHUNK` keys (a lone key alone):
+  the padding rows are copies, computed and dropped.
+  """
+  n = key_data.shape[0]
+  size = 1 if n == 1 else _CHUNK
+  run = _chunk_program(name, fn, impl, size)
+  parts = []
+  for start in range(0, n, size):
+    chunk = key_data[start:start + size]
+    padded = np.concatenate([chunk, np.repeat(chunk[:1], size - len(chunk), axis=0)])
+    parts.append([np.asarray(a)[:len(chunk)] for a in jax.tree.leaves(run(padded))])
+  leaves = [np.concatenate(a) for a in zip(*parts)]
+  return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+
+_PROGRAMS: dict = {}
+
+
+def _chunk_program(name, fn, impl, size: int):
+  memo = (name, str(impl), size)
+  if memo not in _PROGRAMS:
+    def run(data):
+      out = jax.vmap(fn)(jax.random.wrap_key_data(data, impl=impl))
+      return jax.tree.map(
+          lambda a: jax.random.key_data(a) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else a, out)
+    _PROGRAMS[memo] = jax.jit(run)
+  return _PROGRAMS[memo]
 
 
 def best_index(results: Sequence[Any]) -> Optional[int]:
@@ -154,11 +215,19 @@ def _threshold_keys(key: jax.Array, max_candidates: Optional[int]):
     j += 1
 
 
-def _draw_candidates(space: SearchSpace, n: int, key) -> list:
+def _indices(key, n: int, size: int) -> tuple:
+  """(grid indices, seeds) of n candidates drawn uniformly with replacement from a grid of `size`."""
   pick_key, seed_key = jax.random.split(key)
-  picks = np.asarray(jax.random.randint(pick_key, (n,), 0, len(space)))
-  seeds = np.asarray(jax.random.randint(seed_key, (n,), 0, np.iinfo(np.int32).max))
+  return (jax.random.randint(pick_key, (n,), 0, size),
+          jax.random.randint(seed_key, (n,), 0, np.iinfo(np.int32).max))
+
+
+def _candidates(space: SearchSpace, picks, seeds) -> list:
   return [Candidate(space.points[i], space.configs[i], int(s)) for i, s in zip(picks, seeds)]
+
+
+def _draw_candidates(space: SearchSpace, n: int, key) -> list:
+  return _candidates(space, *(np.asarray(a) for a in _indices(key, n, len(space))))
 
 
 def _release_scores(cands, results, release_all_scores):

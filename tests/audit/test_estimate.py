@@ -18,18 +18,35 @@ def _laplace(rng, eps, n):
   return rng.laplace(0.0, 1.0 / eps, n), 1.0 + rng.laplace(0.0, 1.0 / eps, n)
 
 
+@pytest.mark.parametrize("tests", [1, 6], ids=["one-test", "six-tests"])
 @pytest.mark.parametrize("mechanism", [_randomized_response, _laplace], ids=["rr", "laplace"])
-def test_lower_bound_exceeds_the_true_epsilon_rarely(mechanism):
+def test_lower_bound_exceeds_the_true_epsilon_rarely(mechanism, tests):
   # 200 seeded repetitions at 90% confidence: the bound may exceed the true
   # epsilon in at most 10% of them; Binomial(200, 0.1) exceeds 30 with
   # probability ~0.01, so 30 leaves room for chance, not for a wrong bound.
+  # With six points of the tradeoff curve the union bound must keep that.
   eps, confidence = 1.0, 0.9
   above = 0
   for seed in range(200):
     without, with_ = mechanism(np.random.default_rng(seed), eps, 400)
-    bound = estimate.epsilon_lower_bound(without, with_, delta=1e-6, confidence=confidence)
+    bound = estimate.epsilon_lower_bound(without, with_, delta=1e-6, confidence=confidence, tests=tests)
+    assert bound.tests == tests
     above += bound.epsilon > eps
   assert above <= 30
+
+
+def test_several_tests_read_several_points_of_the_tradeoff_curve():
+  rng = np.random.default_rng(1)
+  without, with_ = _laplace(rng, 2.0, 20_000)
+  half = 10_000
+  chosen = estimate._best_tests(without[:half], with_[:half], 1e-6, 0.05 / 8, 4)  # pylint: disable=protected-access
+  assert len(chosen) == 4 and len(set(chosen)) == 4  # distinct (threshold, direction) tests
+  one = estimate.epsilon_lower_bound(without, with_, delta=1e-6, tests=1)
+  four = estimate.epsilon_lower_bound(without, with_, delta=1e-6, tests=4)
+  assert 0 < four.epsilon <= 2.0 and 0 < one.epsilon <= 2.0
+  # A union bound over 8 intervals costs at most what the 8x smaller alpha costs one test.
+  assert estimate.max_certifiable(20_000, 20_000, 1e-6, 0.95, tests=4) < estimate.max_certifiable(
+      20_000, 20_000, 1e-6, 0.95)
 
 
 @pytest.mark.parametrize("mechanism,eps", [(_randomized_response, 1.0), (_randomized_response, 2.0),

@@ -57,6 +57,13 @@ def test_accounting_benchmark():
     _positive_numbers(row, ["max_mean", "epsilon"])
     assert row["epsilon"] <= 0.5, row
   assert out["plan"][-1]["max_mean"] == int(out["plan"][-1]["max_mean"])  # fixed K: an integer k
+  # The calibration row (--quick: geometric K only): both answers meet the target, within
+  # the tolerance of each other (rtol 1e-3 each, on the private side).
+  (row,) = out["calibration"]
+  assert row["law"] == "geometric (mean 3)" and "NoisyMean" in out["calibration_query"]
+  _positive_numbers(row, ["seconds", "sigma", "epsilon", "baseline_seconds", "baseline_sigma", "speedup"])
+  assert row["epsilon"] <= 2.0 and row["baseline_epsilon"] <= 2.0
+  assert abs(row["sigma"] / row["baseline_sigma"] - 1) <= 2.1e-3
 
 
 def test_dpsgd_throughput_benchmark():
@@ -66,7 +73,8 @@ def test_dpsgd_throughput_benchmark():
   assert len(out["variants"]) == 1 and out["variants"][0]["conv_impl"] == "im2col"
   _positive_numbers(out["variants"][0], ["nonprivate_step_s", "dp_step_s", "compile_s"])
   # The default is the library's automatic microbatch, which divides the batch.
-  assert out["variants"][0]["clipping"] == "vmap" and "automatic" in out["variants"][0]["variant"]
+  assert out["variants"][0]["clipping"] == "auto" and "automatic" in out["variants"][0]["variant"]
+  assert out["auto_over_faster_path"] is None  # --quick measures no variant to compare with
   assert out["microbatch_size"] == out["variants"][0]["microbatch_size"]
   assert isinstance(out["microbatch_size"], int) and 8 % out["microbatch_size"] == 0
   assert {"backend", "devices", "cpu_count", "jax_version"} <= set(out)
@@ -87,12 +95,16 @@ def test_sweep_throughput_benchmark():
   assert len(out["devices"]) == os.cpu_count()  # the script exposes every core as a device
 
 
-def test_dpsgd_memory_benchmark():
-  out = _run("benchmarks.dpsgd_memory", "--quick")
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_dpsgd_memory_benchmark(model):
+  out = _run("benchmarks.dpsgd_memory", "--quick", "--model", model)
   assert out["quick"] is True and out["batches"] == [8]
-  assert out["num_params"] == (784 + 1) * 64 + (64 + 1) * 64 + (64 + 1) * 10  # 784-64-64-10 MLP
-  assert [(r["path"], r["batch"]) for r in out["results"]] == [
-      ("vmap", 8), ("vmap_microbatched", 8), ("ghost", 8)]
+  if model == "mlp":
+    assert out["num_params"] == (784 + 1) * 64 + (64 + 1) * 64 + (64 + 1) * 10  # 784-64-64-10 MLP
+  else:
+    assert out["model"].startswith("papernot_steinke_cnn (8x8x1")
+  assert [(r["path"], r["clipping"], r["batch"]) for r in out["results"]] == [
+      ("vmap", None, 8), ("vmap_microbatched", "vmap", 8), ("ghost", "ghost", 8), ("auto", "auto", 8)]
   for r in out["results"]:  # the tiny model fits any budget, so every configuration ran
     assert r["skipped"] is None
     _positive_numbers(r, ["compiled_peak_bytes", "temp_bytes", "argument_bytes", "output_bytes",
@@ -101,8 +113,13 @@ def test_dpsgd_memory_benchmark():
   assert len(out["ratios"]) == 1
   _positive_numbers(out["ratios"][0], ["memory_ghost_over_vmap", "speed_ghost_over_vmap",
                                        "memory_ghost_over_vmap_microbatched",
-                                       "speed_ghost_over_vmap_microbatched"])
-  assert out["ratios"][0]["memory_ghost_over_vmap"] < 1  # compiled sizes, not timings: deterministic
+                                       "speed_ghost_over_vmap_microbatched",
+                                       "memory_auto_over_smaller", "speed_auto_over_faster"])
+  # Compiled sizes, not timings: deterministic.
+  by_path = {r["path"]: r for r in out["results"]}
+  if model == "mlp":  # Dense layers only: auto takes every ghost norm, the same program as 'ghost'
+    assert out["ratios"][0]["memory_ghost_over_vmap"] < 1
+    assert by_path["auto"]["compiled_peak_bytes"] == by_path["ghost"]["compiled_peak_bytes"]
   _positive_numbers(out, ["budget_bytes", "devices"])
   assert {"backend", "device_kind", "cpu_count", "jax_version"} <= set(out)
 
@@ -137,3 +154,13 @@ def test_finetune_benchmark():
   # Compiled sizes, not timings (deterministic): no per-example backbone gradient is held.
   assert head["temp_bytes"] < full["temp_bytes"]
   _positive_numbers(out, ["speed_head_only_over_full", "memory_full_over_head_only"])
+
+
+def test_paper_epoch_benchmark():
+  out = _run("benchmarks.paper_epoch", "--quick")
+  assert out["quick"] is True and out["steps"] == 2 and out["input_shape"] == [8, 8, 1]
+  assert out["model"] == "papernot_steinke_cnn" and out["batch_size"] == 256 and out["clipping"] == "auto"
+  _positive_numbers(out, ["compile_seconds", "epoch_seconds", "examples_per_s", "paper_profile_hours",
+                          "microbatch_size"])
+  # 50 candidates x 60 epochs of the measured epoch, in hours.
+  assert out["paper_profile_hours"] == pytest.approx(3000 * out["epoch_seconds"] / 3600, abs=0.01)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxdp.sweep import Candidate, SearchSpace, candidate_id, candidate_key, grid_candidates
-from jaxdp.sweep.space import point_hash
+from jaxdp.sweep.space import candidate_keys, point_hash
 
 
 def test_grid_is_the_cartesian_product(base_config):
@@ -93,3 +93,12 @@ def test_point_hash_is_sha256_of_canonical_json():
   digest = hashlib.sha256(b'{"learning_rate":0.001}').digest()
   assert point_hash({"learning_rate": np.float64(1e-3)}) == (
       int.from_bytes(digest[:4], "big"), int.from_bytes(digest[4:8], "big"))
+
+
+def test_candidate_keys_are_each_candidates_key(base_config):
+  space = SearchSpace(base_config, {"learning_rate": [0.1, 0.5, 1.0]})
+  cands = [Candidate(space.points[i % 3], space.configs[i % 3], s)
+           for i, s in enumerate([0, 1, 7, 2**31, 2**32 - 1, 123456789])]
+  got = jax.random.key_data(candidate_keys(cands))
+  want = jax.random.key_data(jax.numpy.stack([c.key() for c in cands]))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -325,14 +325,15 @@ def _digits_like(n=90, seed=0):
   return DataSplit(x, y)
 
 
-@pytest.mark.parametrize("model", ["logreg", "mlp"])
+# The MLP variant (10 s of compiling) runs in the slow set, which CI runs; keeps make test < 5 min.
+@pytest.mark.parametrize("model", ["logreg", pytest.param("mlp", marks=pytest.mark.slow)])
 def test_ghost_task_trains_like_the_vmap_task(model):
   import dataclasses  # pylint: disable=g-import-not-at-top
   from jaxdp.data import Dataset  # pylint: disable=g-import-not-at-top
   from jaxdp.train import ExecutionConfig, TrainConfig, train_candidate  # pylint: disable=g-import-not-at-top
   train = _digits_like()
   data = Dataset(name="d", train=train, test=train, num_examples=len(train.labels), num_classes=10)
-  vmap_task = presets.classifier(10)
+  vmap_task = dataclasses.replace(presets.classifier(10), clipping="vmap")
   ghost_task = dataclasses.replace(vmap_task, clipping="ghost")
   # Same microbatches for both, so the only difference is how norms and sums are computed.
   execution = ExecutionConfig(padded_batch_size=60, microbatch_size=20)
@@ -348,8 +349,85 @@ def test_ghost_task_trains_like_the_vmap_task(model):
 def test_clipping_method_is_validated():
   import dataclasses  # pylint: disable=g-import-not-at-top
   from jaxdp.train import DpSgdPlan  # pylint: disable=g-import-not-at-top
-  with pytest.raises(ValueError, match=r"clipping must be one of \('vmap', 'ghost'\), got 'fast'"):
+  with pytest.raises(ValueError, match=r"clipping must be one of \('auto', 'vmap', 'ghost'\), got 'fast'"):
     dataclasses.replace(presets.classifier(10), clipping="fast")
   plan = DpSgdPlan(l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.1, num_steps=1, num_examples=10)
-  with pytest.raises(ValueError, match="method must be 'vmap' or 'ghost', got 'x'"):
+  with pytest.raises(ValueError, match="method must be 'auto', 'vmap' or 'ghost', got 'x'"):
     plan.clipped_grad(_linear_loss, method="x")
+
+
+# --- clipping="auto": the cost model's choice per layer, and the same sum. ---
+
+class _PapernotSteinkeLike(nn.Module):
+  """Convolutions whose patches outweigh their kernels, then a small head."""
+  @nn.compact
+  def __call__(self, x):
+    x = jnp.tanh(nn.Conv(16, (3, 3))(x))
+    x = jnp.tanh(nn.Conv(16, (3, 3), strides=2)(x))
+    return nn.Dense(3)(x.mean((1, 2)))
+
+
+class _ConvWideHead(nn.Module):
+  """A small convolution, then Dense layers whose kernels outweigh everything else."""
+  @nn.compact
+  def __call__(self, x):
+    x = jnp.tanh(nn.Conv(4, (3, 3))(x))
+    x = jnp.tanh(nn.Dense(256)(x.reshape(x.shape[0], -1)))
+    return nn.Dense(3)(x)
+
+
+def _auto_paths(model, shape, budget=None, monkeypatch=None):
+  from jaxdp.train import ghost  # pylint: disable=g-import-not-at-top
+  if budget is not None:
+    monkeypatch.setattr(ghost.microbatching, "budget_bytes", lambda device=None: budget)
+  x, y = _data(shape, 4)
+  params = jax.eval_shape(model.init, jax.random.key(0), x[:1])
+  split = ghost_layers(_classifier_loss(model), params, (x, y), auto=True)
+  return {layer.module: layer.reason for layer in split.layers}, split
+
+
+def test_auto_keeps_a_small_cnn_on_per_example_gradients():
+  reasons, split = _auto_paths(_PapernotSteinkeLike(), (8, 8, 3))
+  assert split.ghost_leaves == () and all(r.startswith("auto:") for r in reasons.values())
+  # The first convolution's patches (64 rows of 27) cost more than its 27 x 16 kernel gradient
+  # and its Gram matrix more work; the others' saving is too small to pay for the ghost path.
+  assert "more work" in reasons["Conv_0"]
+  assert "< 10%" in reasons["Dense_0"]
+  # Every layer is eligible for 'ghost' itself: auto's choice is the cost model's, not eligibility.
+  x, y = _data((8, 8, 3), 4)
+  params = jax.eval_shape(_PapernotSteinkeLike().init, jax.random.key(0), x[:1])
+  assert ghost_layers(_classifier_loss(_PapernotSteinkeLike()), params, (x, y)).fallback_leaves == ()
+
+
+def test_auto_takes_ghost_norms_where_the_kernels_dominate():
+  reasons, split = _auto_paths(_ConvWideHead(), (6, 6, 2))
+  assert reasons["Dense_0"] is None and reasons["Dense_1"] is None  # T = 1: ||r||^2 ||g||^2
+  assert reasons["Conv_0"].startswith("auto:") and "more work" in reasons["Conv_0"]
+  assert {"['params']['Dense_0']['kernel']", "['params']['Dense_1']['bias']"} <= set(split.ghost_leaves)
+  assert "['params']['Conv_0']['kernel']" in split.fallback_leaves
+
+
+def test_auto_saves_every_byte_when_one_example_exceeds_the_budget(monkeypatch):
+  # A 1-byte microbatch budget: memory decides, so the CNN's small savings are taken too.
+  reasons, _ = _auto_paths(_PapernotSteinkeLike(), (8, 8, 3), budget=1, monkeypatch=monkeypatch)
+  assert reasons["Dense_0"] is None
+  assert reasons["Conv_0"].startswith("auto:") and "more work" in reasons["Conv_0"]
+
+
+@pytest.mark.parametrize("model,shape", [
+    (_ConvWideHead(), (6, 6, 2)),
+    pytest.param(_PapernotSteinkeLike(), (8, 8, 3), marks=pytest.mark.slow)],  # the vmap path itself
+    ids=["mixed", "all-per-example"])
+def test_auto_matches_vmap_path(model, shape, random_params):
+  x, y = _data(shape, 6)
+  params = random_params(model, x[:1], seed=2)
+  mask = jnp.arange(6) < 5
+  loss_fn = _classifier_loss(model)
+  grads, _ = clipping.per_example_grads(loss_fn, params, (x, y))
+  clip = jnp.median(clipping.per_example_global_norms(grads))
+  want, _ = clipping.clipped_grad_sum(loss_fn, params, (x, y), mask, clip)
+  got, count = jax.jit(functools.partial(ghost_clipped_grad_sum, auto=True), static_argnums=0)(
+      loss_fn, params, (x, y), mask, clip)
+  assert count == 5
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)

@@ -168,12 +168,25 @@ def test_no_per_example_gradient_of_a_frozen_leaf_is_computed(batch_and_params):
     task = _task(trainable)
     loss = task.per_example_loss(task.model_for({}))
     trained, frozen = trainable_lib.partition(params, task.trainable_mask(params))
-    fn = _plan().clipped_grad(trainable_lib.partial_loss(loss, frozen)).fn
+    # The vmap path, which materialises every trained leaf's per-example gradient.
+    fn = _plan().clipped_grad(trainable_lib.partial_loss(loss, frozen), method="vmap").fn
     shapes[name] = _value_shapes(jax.make_jaxpr(fn)(trained, batch, valid).jaxpr)
   # The per-example gradient of the first backbone kernel, (24, 64, 32), exists only
   # when that kernel trains.
   assert (24, 64, 32) in shapes["full"] and (24, 64, 32) not in shapes["head"]
   assert (24, 16, 10) in shapes["head"]  # the head's per-example gradient
+
+
+def test_auto_clipping_of_a_frozen_backbone_names_it_frozen(digits):
+  # The analysis traces the loss with the frozen leaves as abstract constants (no memory).
+  task = _task(_head_only, "auto")
+  spec = program.LoopSpec.from_config(_config(task), digits)
+  layers = program.clipping_layers(spec, digits.train)
+  assert [(layer, path) for layer, path, _ in layers] == [
+      ("backbone/body0", "frozen"), ("backbone/body1", "frozen"), ("head", "ghost")]
+  # The microbatch counts no per-example gradient of the head, whose norm is a ghost norm.
+  assert program.per_example_bytes(spec, digits.train) < program.per_example_bytes(
+      program.LoopSpec.from_config(_config(_task(_head_only, "vmap")), digits), digits.train)
 
 
 # ---------------------------------------------------------------------------- a search

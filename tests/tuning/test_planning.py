@@ -265,6 +265,21 @@ def test_dry_run_groups_and_compute(no_work, user_config, user_data):
   assert text.startswith(f"private random search: epsilon={plan.epsilon:.4f} at delta=1e-05")
   assert "8 compiled group(s):" in text and "E[K]=3" in text and "E[per-example gradients]=900" in text
   assert text.count("3 grid point(s), static {'width': ") == 8
+  # Task(clipping="auto") by default: each group names every Dense call's path and why.
+  for g in groups:
+    assert [(layer, path) for layer, path, _ in g.clipping] == [("hidden", "ghost"), ("out", "ghost")]
+    assert g.microbatch_size == g.padded_batch_size  # this small model fits one microbatch
+  assert text.count("    clipping hidden: ghost") == 8
+
+
+@pytest.mark.slow  # two more dry runs (the default's layers are checked in the test above)
+def test_dry_run_names_the_forced_clipping_path(no_work, user_config, user_data):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  vmap = user_config.replace(task=dataclasses.replace(user_config.task, clipping="vmap"))
+  assert dry_run(vmap, LR, user_data, repetitions=REPS).groups[0].clipping == ()
+  ghost = user_config.replace(task=dataclasses.replace(user_config.task, clipping="ghost"))
+  assert [path for _, path, _ in dry_run(ghost, LR, user_data, repetitions=REPS).groups[0].clipping] == [
+      "ghost", "ghost"]
 
 
 # --- Bad input is refused by every tuner before K is drawn or anything trains. ---

@@ -168,3 +168,30 @@ def test_result_docstring_states_what_is_covered():
                "size N is the declared public", "never counted from the rows", "data.test", "data.private_validation",
                "NOT accounted", "reveals nothing about the data", "NOT covered by `epsilon`"):
     assert fact in " ".join(doc.split()), fact
+
+
+def _draw_search_one_key(space, repetitions, key):
+  """`draw_search` as written before draws were vectorised: one key, one search (the reference)."""
+  k_key, draw_key = jax.random.split(key)
+  k = int(repetitions.sample(k_key))
+  if not k:
+    return []
+  pick_key, seed_key = jax.random.split(draw_key)
+  picks = np.asarray(jax.random.randint(pick_key, (k,), 0, len(space)))
+  seeds = np.asarray(jax.random.randint(seed_key, (k,), 0, np.iinfo(np.int32).max))
+  return [(space.points[int(i)], int(s)) for i, s in zip(picks, seeds)]
+
+
+# Each distinct K compiles its draw (about half a second): the geometric law's many go to the slow set.
+@pytest.mark.parametrize("repetitions", [acc.Poisson(mean=1.5), acc.Fixed(2), pytest.param(
+    acc.Geometric(mean=3), marks=pytest.mark.slow)], ids=repr)
+def test_vectorised_draws_are_each_searchs_own(repetitions, base_config, monkeypatch):
+  from jaxdp.tuning import search  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(search, "_CHUNK", 16)  # several chunks, the last one padded
+  space = SearchSpace(base_config, {"learning_rate": [0.1, 0.5, 1.0], "epochs": [1, 2]})
+  key = jax.random.key(3)
+  keys = jax.vmap(lambda t: jax.random.fold_in(key, t))(np.arange(40))
+  got = [[(c.point, c.seed) for c in cands] for cands in search.draw_searches(space, repetitions, keys)]
+  want = [_draw_search_one_key(space, repetitions, jax.random.fold_in(key, t)) for t in range(40)]
+  assert got == want and sum(map(len, got)) > 40
+  assert [(c.point, c.seed) for c in search.draw_search(space, repetitions, keys[7])] == want[7]
