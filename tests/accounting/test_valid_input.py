@@ -98,6 +98,7 @@ def test_q_near_one_never_crashes_over_the_whole_grid(q, sigma, steps):
   _check_q_near_one(q, sigma, steps)
 
 
+@pytest.mark.slow  # 7 s of PLD construction; CI's slow set runs it, so make test stays under 5 min
 def test_a_method_named_explicitly_says_why_its_pld_failed():
   event = acc.dpsgd_event(1 - 1e-12, 0.3, 1)
   for method in ("pld", "profile", "profile-refined"):

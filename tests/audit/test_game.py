@@ -25,6 +25,7 @@ def gadget_audit(gadget, two_devices):
                            key=jax.random.key(0), devices=two_devices, max_candidates_per_device=64)
 
 
+@pytest.mark.slow  # the shared 300-search audit: 15 s; CI's slow set runs it
 def test_audited_lower_bound_never_exceeds_the_accounted_epsilon(gadget_audit):
   res = gadget_audit
   assert not res.violated
@@ -35,6 +36,7 @@ def test_audited_lower_bound_never_exceeds_the_accounted_epsilon(gadget_audit):
   assert res.trials == 300 and res.statistics_with.shape == res.statistics_without.shape == (300,)
 
 
+@pytest.mark.slow  # the shared 300-search audit: 15 s; CI's slow set runs it
 def test_the_game_runs_exactly_the_searches_random_search_runs(gadget, gadget_audit, two_devices):
   # Trial t on D' uses key fold_in(key, 2t + 1): random_search with that key
   # must release the very score the game recorded.
@@ -47,6 +49,7 @@ def test_the_game_runs_exactly_the_searches_random_search_runs(gadget, gadget_au
       assert recorded == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow  # the shared 300-search audit: 15 s; CI's slow set runs it
 def test_gadget_scores_are_the_gaussian_mechanism(gadget_audit):
   # Released score under D: the max of K ~ Poisson(3) draws of N(0, 0.25)
   # (minus -1e6 sentinels for K = 0); its median is about 0.5 * 0.56 = 0.28.

@@ -23,7 +23,8 @@ def _setup(name, shape, random_params, batch=4, conv_impl="im2col"):
 @pytest.mark.parametrize("name,shape,conv_impl", [
     ("logreg", (8, 8, 1), "im2col"),
     ("mlp", (8, 8, 1), "im2col"),
-    ("papernot_steinke_cnn", (6, 6, 1), "im2col"),
+    # 7 s of compiling a Python loop of per-example CNN gradients: CI's slow set runs it.
+    pytest.param("papernot_steinke_cnn", (6, 6, 1), "im2col", marks=pytest.mark.slow),
 ])
 def test_per_example_grads_equal_python_loop(name, shape, conv_impl, random_params):
   loss_fn, params, x, y = _setup(name, shape, random_params, conv_impl=conv_impl)

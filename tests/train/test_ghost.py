@@ -291,6 +291,7 @@ def test_plain_function_model_is_the_vmap_path():
   assert got[1] == want[1] == 4
 
 
+@pytest.mark.slow  # 8 s of compiling; CI's slow set runs it, so make test stays under 5 min
 def test_vmap_over_candidates_jit_and_eager_agree(random_params):
   x, y = _data((5,), 8)
   candidates = [random_params(MLP(), x[:1], seed=s) for s in (8, 9)]

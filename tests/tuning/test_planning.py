@@ -118,6 +118,7 @@ def test_dp_score_reads_the_private_validation_split(dp_config, dp_task, user_co
   assert res.epsilon == dp_config.epsilon(USER_N) > user_config.epsilon(USER_N)
 
 
+@pytest.mark.slow  # a whole search (7 s); CI's slow set runs it, so make test stays under 5 min
 def test_random_search_with_a_dp_score(dp_config, user_config, user_data, two_devices):
   reps = acc.Poisson(mean=2)
   res = random_search(dp_config, LR, user_data, repetitions=reps, key=jax.random.key(4),
@@ -209,6 +210,7 @@ def test_target_epsilon_calibrates_sigma(calibrated_plan, user_config):
   assert f"calibrated sigma={sigma:.4f}" in str(plan)
 
 
+@pytest.mark.slow  # a whole search (7 s); CI's slow set runs it, so make test stays under 5 min
 def test_random_search_meets_the_target(calibrated_plan, user_config, user_data, two_devices):
   grid = {"batch_size": [10, 20], **LR}
   res = random_search(user_config, grid, user_data, repetitions=REPS, key=jax.random.key(1),

@@ -79,6 +79,7 @@ def test_groups_traced_and_static(equivalence_space, user_data):
     space.configs[0].dp_event()
 
 
+@pytest.mark.slow  # 12 s of compiling; CI's slow set runs it, so make test stays under 5 min
 def test_batched_equals_lone_over_traced_and_static(user_config, user_data, two_devices):
   cands = []
   for i, (width, b) in enumerate(STATIC):
