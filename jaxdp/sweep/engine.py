@@ -41,7 +41,6 @@ import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdp import _validate
+from jaxdp._cache import LruCache
 from jaxdp import accounting as acc
 from jaxdp.accounting import kdistribution
 from jaxdp.data import Dataset
@@ -169,33 +170,41 @@ _CHUNK = 4096
 def _in_chunks(name, fn, key_data: np.ndarray, impl) -> Any:
   """`jax.vmap(fn)` over the keys whose raw data is `key_data`, as NumPy (keys as their data).
 
-  Compiled once per `name` for chunks of `_CHUNK` keys (a lone key alone):
-  the padding rows are copies, computed and dropped.
+  Compiled once per `name` for chunks of `_CHUNK` keys, the padding rows
+  copies, computed and dropped; a lone key (one search) runs op by op, as
+  compiling would cost it more than it saves.
   """
   n = key_data.shape[0]
-  size = 1 if n == 1 else _CHUNK
-  run = _chunk_program(name, fn, impl, size)
+  if n == 1:
+    return _as_data(fn(jax.random.wrap_key_data(key_data[0], impl=impl)), lambda a: np.asarray(a)[None])
+  run = _chunk_program(name, fn, impl, _CHUNK)
   parts = []
-  for start in range(0, n, size):
-    chunk = key_data[start:start + size]
-    padded = np.concatenate([chunk, np.repeat(chunk[:1], size - len(chunk), axis=0)])
+  for start in range(0, n, _CHUNK):
+    chunk = key_data[start:start + _CHUNK]
+    padded = np.concatenate([chunk, np.repeat(chunk[:1], _CHUNK - len(chunk), axis=0)])
     parts.append([np.asarray(a)[:len(chunk)] for a in jax.tree.leaves(run(padded))])
   leaves = [np.concatenate(a) for a in zip(*parts)]
   return leaves[0] if len(leaves) == 1 else tuple(leaves)
 
 
-_PROGRAMS: dict = {}
+def _as_data(out, finish=lambda a: a):
+  """`out`'s leaves with keys replaced by their raw data, each passed through `finish`;
+  one array, or a tuple of them."""
+  leaves = [finish(jax.random.key_data(a) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else a)
+            for a in jax.tree.leaves(out)]
+  return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+
+_PROGRAMS = LruCache(256)
 
 
 def _chunk_program(name, fn, impl, size: int):
   memo = (name, str(impl), size)
-  if memo not in _PROGRAMS:
-    def run(data):
-      out = jax.vmap(fn)(jax.random.wrap_key_data(data, impl=impl))
-      return jax.tree.map(
-          lambda a: jax.random.key_data(a) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else a, out)
-    _PROGRAMS[memo] = jax.jit(run)
-  return _PROGRAMS[memo]
+  run = _PROGRAMS.get(memo)
+  if run is None:
+    run = jax.jit(lambda data: _as_data(jax.vmap(fn)(jax.random.wrap_key_data(data, impl=impl))))
+    _PROGRAMS.put(memo, run)
+  return run
 
 
 def best_index(results: Sequence[Any]) -> Optional[int]:
