@@ -27,7 +27,7 @@ def test_output_shape_and_parameter_count(name, shape, expected_params):
 
 
 @pytest.mark.parametrize("name,size", [
-    ("papernot_steinke_cnn", 6),
+    pytest.param("papernot_steinke_cnn", 6, marks=pytest.mark.slow),  # 6 s; CI's slow set runs it
     pytest.param("opacus_cnn", 28, marks=pytest.mark.slow),
 ])
 def test_im2col_equals_native_convolution(name, size, random_params):

@@ -32,6 +32,7 @@ def test_batched_candidate_equals_lone_run(digits, base_config, two_devices, per
       np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.slow  # 5 s of compiling; CI's slow set runs it, so make test stays under 5 min
 def test_reports_each_groups_compile_time_once(digits, base_config, two_devices):
   # A config no other test uses, so its programs are not compiled yet.
   fresh = base_config.replace(steps=13)

@@ -173,6 +173,7 @@ def test_threshold_search(user_config, user_data, two_devices):
   assert never.num_candidates == 1 and never.hyperparameters is None and never.params is None
 
 
+@pytest.mark.slow  # 8 s of compiling; CI's slow set runs it, so make test stays under 5 min
 def test_subsampled_search(user_config, user_data, two_devices):
   base = user_config.replace(sampling_prob=0.1)  # KK tuning needs q, not an expected batch size
   assert base.batch_size is None and base.num_steps == 10
