@@ -64,8 +64,9 @@ class DataSplit(NamedTuple):
   labels: np.ndarray
 
 
-def _split_size(split_name: str, split: Any) -> int:
-  """N of one split after checking that every leaf is a non-empty array with N leading."""
+def _split_size(split_name: str, split: Any, *, allow_empty: bool = False) -> int:
+  """N of one split after checking that every leaf is a non-empty array with N leading
+  (N = 0 allowed with `allow_empty`)."""
   leaves, _ = jax.tree_util.tree_flatten_with_path(split)
   if not leaves:
     raise ValueError(f"{split_name} must be a pytree of arrays with the examples on the leading "
@@ -76,7 +77,7 @@ def _split_size(split_name: str, split: Any) -> int:
     shape = np.shape(leaf)
     if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
       raise ValueError(f"{where} must be a NumPy or JAX array, got {type(leaf).__name__}")
-    if len(shape) < 1 or shape[0] == 0:
+    if len(shape) < 1 or (shape[0] == 0 and not allow_empty):
       raise ValueError(f"{where} must have shape (N >= 1, ...), got {shape}")
     if np.issubdtype(leaf.dtype, np.inexact) and not np.all(np.isfinite(np.asarray(leaf))):
       raise ValueError(f"{where} must be finite (it holds NaN or inf)")
@@ -164,10 +165,37 @@ class Dataset:
       raise ValueError(f"{split_name}.labels must be in [0, {self.num_classes}), got "
                        f"range [{y.min()}, {y.max()}]")
 
+  def with_train_rows(self, mask: np.ndarray, *, num_examples: int, name: str) -> "Dataset":
+    """This data set with `train` cut to the rows of `mask` and declared size `num_examples`.
+
+    The rows kept passed this data set's checks. Unlike a `Dataset` built by
+    a caller, the result may hold no training row: a tuner's Poisson draw of
+    rows (`jaxdp.tuning.subsampled_search`'s subset or final set) may select
+    none, an outcome of the mechanism (its runs are then noise only), so
+    whether the call fails must not depend on it.
+
+    Raises:
+      ValueError: `mask` is not a boolean vector over the training rows, or
+        `num_examples` is not an integer >= 1.
+    """
+    mask = np.asarray(mask)
+    if mask.dtype != bool or mask.shape != (self.num_train_rows,):
+      raise ValueError(f"mask must be a boolean vector of shape ({self.num_train_rows},), got "
+                       f"{mask.dtype} {mask.shape}")
+    cut = dataclasses.replace(self, num_examples=num_examples, name=name)
+    object.__setattr__(cut, "train", jax.tree.map(lambda leaf: np.asarray(leaf)[mask], self.train))
+    return cut
+
   @property
   def num_train_rows(self) -> int:
-    """Rows actually in `train`: private, so it sizes arrays and never enters a release."""
-    return _split_size("train", self.train)
+    """Rows actually in `train`: private, so it sizes arrays and never enters a release.
+
+    Checked again as at construction, except that it may be 0: a split that
+    a tuner builds from a Poisson draw (`jaxdp.tuning.subsampled_search`'s
+    tuning subset or final set) may hold no row, a valid outcome of the
+    mechanism, though `Dataset` refuses empty splits from callers.
+    """
+    return _split_size("train", self.train, allow_empty=True)
 
   @property
   def input_shape(self) -> tuple[int, ...]:

@@ -24,6 +24,14 @@ Guarantees:
     the chunk in flight; rerunning the sweep resumes where it stopped.
   - A directory made for another configuration, by an older pool format or
     with the old seed-only candidate keys is refused, never mixed.
+  - The same mechanism or nothing. The manifest also records, per grid
+    point, the candidates' DpEvent (their DP score's included) and the
+    digest of the program they run (`jaxdp.train.digest`: the model, loss,
+    score, optimizer, clipping path and trainable set as traced): a pool
+    opened with a `mechanism` that differs at a point it has recorded raises
+    `SearchMismatchError` naming the part and the point, before anything
+    trains; new points are added. Every stored record's `dp_event` is checked
+    against its point's too (a record that disagrees is refused, naming it).
   - Parameters, when a pool keeps them (`append(..., params=...)`), are
     written and fsynced (one file per chunk under `params/`) before the
     records that point to them; each record holds the file's sha256, so a
@@ -48,7 +56,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdp.sweep import engine
-from jaxdp.sweep.space import KEY_DERIVATION, Candidate
+from jaxdp.sweep.space import (KEY_DERIVATION, MECHANISM_PARTS, Candidate, event_record,
+                               mechanism_record, point_key)
 
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
@@ -57,14 +66,26 @@ QUARANTINE = RESULTS + ".quarantine"
 LOCK = ".writer.lock"
 #: 1: unchecked JSON lines, candidate key = key(seed). 2: sha256 per record,
 #: candidate key from (point, seed). 3: any task; records hold `test_score`
-#: (was `test_accuracy`) and `score_source`.
-POOL_FORMAT = 3
+#: (was `test_accuracy`) and `score_source`. 4: the manifest records each grid
+#: point's DpEvent and program digest (`jaxdp_mechanism`).
+POOL_FORMAT = 4
 _CHECKSUM = "sha256"
 _RESERVED = "jaxdp_pool"
+#: The manifest's record of what each grid point computes: part -> point key -> value.
+_MECHANISM = "jaxdp_mechanism"
+#: `run_sweep` adds these to the caller's fingerprint: the data's sha256 and the
+#: digest of `initial_params`.
+_DATA, _INITIAL = "jaxdp_data", "jaxdp_initial_params"
+_SHORT = 240  # characters of a value a mismatch message quotes
 
 
 class PoolMismatchError(ValueError):
   """The run directory belongs to a different sweep configuration (or format)."""
+
+
+class SearchMismatchError(PoolMismatchError):
+  """`run_dir` holds another search or sweep: resuming it now would run another mechanism (or
+  another draw) than the one its stored candidates ran, so it is refused, naming what differs."""
 
 
 class PoolLockedError(RuntimeError):
@@ -73,6 +94,42 @@ class PoolLockedError(RuntimeError):
 
 class ParamsDamagedError(ValueError):
   """A record's parameter file is missing or fails its checksum (the record can be dropped)."""
+
+
+_ABSENT = type("_Absent", (), {"__repr__": lambda self: "(absent)"})()
+
+
+def _short(value) -> str:
+  text = repr(value)
+  return text if len(text) <= _SHORT else text[:_SHORT] + "..."
+
+
+def _difference(path: str, stored, now) -> str:
+  """'path[...]: stored X, now Y' at the first place two JSON values differ."""
+  if isinstance(stored, dict) and isinstance(now, dict):
+    for k in sorted(set(stored) | set(now), key=str):
+      a, b = stored.get(k, _ABSENT), now.get(k, _ABSENT)
+      if a != b:
+        return _difference(f"{path}[{k!r}]", a, b)
+  if isinstance(stored, list) and isinstance(now, list) and len(stored) == len(now):
+    for i, (a, b) in enumerate(zip(stored, now)):
+      if a != b:
+        return _difference(f"{path}[{i}]", a, b)
+  return f"{path}: stored {_short(stored)}, now {_short(now)}"
+
+
+def _checked_mechanism(mechanism) -> dict:
+  """`mechanism` as plain JSON (part -> point key -> string); ValueError unless it is one."""
+  if mechanism is None:
+    return {}
+  ok = isinstance(mechanism, Mapping) and all(
+      part in MECHANISM_PARTS and isinstance(entries, Mapping)
+      and all(isinstance(k, str) and isinstance(v, str) for k, v in entries.items())
+      for part, entries in mechanism.items())
+  if not ok:
+    raise ValueError(f"mechanism must be None or a mapping part -> {{grid point key: str}} with parts "
+                     f"in {MECHANISM_PARTS} (jaxdp.sweep.space.mechanism_record), got {mechanism!r:.200}")
+  return {part: dict(entries) for part, entries in mechanism.items()}
 
 
 def _json_safe(value):
@@ -156,23 +213,35 @@ class ResultPool:
     read_only: read the pool without taking the writer lock, repairing or
       writing anything (e.g. while a sweep is filling it, or from a read-only
       copy). Damaged lines are reported and skipped, but left in place.
+    mechanism: None, or what each grid point's candidates compute
+      (`jaxdp.sweep.space.mechanism_record`: part -> point key -> value).
+      Points the manifest records must agree; the others are added (not in
+      `read_only`). None checks nothing of it (a reader); a reader may also
+      leave out the data and initial-parameter digests `run_sweep` adds to
+      the fingerprint.
 
   Raises:
-    PoolMismatchError: `run_dir` holds another fingerprint, an older pool
-      format, a damaged manifest, or results without a manifest.
+    SearchMismatchError: `run_dir` holds another fingerprint, another
+      mechanism at a recorded point, or a record whose `dp_event` is not its
+      point's; the message names each part that differs and where.
+    PoolMismatchError: `run_dir` holds an older pool format, a damaged
+      manifest, or results without a manifest.
     PoolLockedError: another writer holds `run_dir`.
     ValueError: `run_dir` cannot be created or written, or `fingerprint` is
       not a mapping.
   """
 
-  def __init__(self, run_dir: str, fingerprint: Mapping[str, Any], *, read_only: bool = False):
+  def __init__(self, run_dir: str, fingerprint: Mapping[str, Any], *, read_only: bool = False,
+               mechanism: Optional[Mapping[str, Mapping[str, str]]] = None):
     self.run_dir = os.fspath(run_dir)
     self.read_only = bool(read_only)
     if not isinstance(fingerprint, Mapping):
       raise ValueError(f"fingerprint must be a mapping, got {type(fingerprint).__name__}")
-    if _RESERVED in fingerprint:
-      raise ValueError(f"fingerprint must not use the reserved key {_RESERVED!r}")
+    for reserved in (_RESERVED, _MECHANISM):
+      if reserved in fingerprint:
+        raise ValueError(f"fingerprint must not use the reserved key {reserved!r}")
     self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
+    self.mechanism = _checked_mechanism(mechanism)
     self._path = os.path.join(self.run_dir, RESULTS)
     self.quarantine_path = os.path.join(self.run_dir, QUARANTINE)
     self._lock_fd: Optional[int] = None
@@ -188,6 +257,7 @@ class ResultPool:
     try:
       self._check_manifest()
       self._records, self._size = self._load()
+      self._check_records()
     except BaseException:
       self.close()
       raise
@@ -259,7 +329,8 @@ class ResultPool:
   # -- manifest ---------------------------------------------------------------
 
   def _expected_manifest(self) -> dict:
-    return dict(self.fingerprint, **{_RESERVED: {"format": POOL_FORMAT, "candidate_keys": KEY_DERIVATION}})
+    return dict(self.fingerprint, **{_RESERVED: {"format": POOL_FORMAT, "candidate_keys": KEY_DERIVATION},
+                                     _MECHANISM: self.mechanism})
 
   def _check_manifest(self) -> None:
     manifest = os.path.join(self.run_dir, MANIFEST)
@@ -271,10 +342,7 @@ class ResultPool:
             "trained for is unknown; use a new directory, or delete this one to start over")
       if self.read_only:
         raise PoolMismatchError(f"run directory {self.run_dir!r} holds no pool (no {MANIFEST})")
-      try:
-        _atomic_write(manifest, json.dumps(expected, indent=2, sort_keys=True).encode())
-      except OSError as err:
-        raise self._not_writable(err) from None
+      self._write_manifest(manifest, expected)
       return
     with open(manifest, "rb") as f:
       text = f.read()
@@ -298,11 +366,59 @@ class ResultPool:
           f"run directory {self.run_dir!r} holds a different sweep: pool format/key derivation "
           f"{stored[_RESERVED]!r}, this jaxdp writes {expected[_RESERVED]!r}; use a new directory, "
           "or delete this one to start over")
-    if stored != expected:
-      diff = sorted(k for k in set(stored) | set(expected) if stored.get(k) != expected.get(k))
-      raise PoolMismatchError(
-          f"run directory {self.run_dir!r} holds a different sweep (differs in: {', '.join(diff)}); "
-          "use a new directory, or delete this one to start over")
+    recorded = stored.pop(_MECHANISM, None) or {}
+    del expected[_MECHANISM]
+    if self.read_only:  # a reader need not restate what run_sweep added (it writes nothing)
+      for key in (_DATA, _INITIAL):
+        if key not in expected:
+          stored.pop(key, None)
+    diff = sorted(k for k in set(stored) | set(expected) if stored.get(k) != expected.get(k))
+    details = [_difference(k, stored.get(k, _ABSENT), expected.get(k, _ABSENT)) for k in diff]
+    merged, added = {}, False
+    for part in sorted(set(recorded) | set(self.mechanism)):
+      old, new = recorded.get(part, {}), self.mechanism.get(part, {})
+      clash = sorted(k for k in set(old) & set(new) if old[k] != new[k])
+      if clash:
+        diff.append(part)
+        first = clash[0]
+        if part == "programs":  # 64 hex digits say nothing more than 16 do
+          detail = (f"programs at grid point {first}: stored sha256 {old[first][:16]}..., now "
+                    f"{new[first][:16]}... (the task's code as traced: model, loss, score, "
+                    "optimizer, clipping path or trainable set)")
+        else:
+          detail = _difference(f"{part} at grid point {first}", old[first], new[first])
+        details.append(detail + (f" (and {len(clash) - 1} more point(s))" if len(clash) > 1 else ""))
+      added |= bool(set(new) - set(old))
+      merged[part] = {**new, **old}
+    if diff:
+      raise SearchMismatchError(
+          f"run directory {self.run_dir!r} holds a different sweep (differs in: {', '.join(diff)}; "
+          f"{'; '.join(details)}); use a new directory, or delete this one to start over")
+    self.mechanism = merged
+    if added and not self.read_only:
+      # New grid points: recorded before any of their candidates is stored.
+      self._write_manifest(manifest, dict(stored, **{_MECHANISM: merged}))
+
+  def _write_manifest(self, path: str, manifest: Mapping[str, Any]) -> None:
+    try:
+      _atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True).encode())
+    except OSError as err:
+      raise self._not_writable(err) from None
+
+  def _check_records(self) -> None:
+    """Every stored record's `dp_event` is its grid point's (defence in depth: the manifest
+    agrees already, unless it or a record was written by something else)."""
+    events = self.mechanism.get("dp_events", {})
+    for r in self._records:
+      point = r.get("point")
+      key = point_key(point) if isinstance(point, Mapping) and point else None
+      if key in events and r.get("dp_event") != events[key]:
+        raise SearchMismatchError(
+            f"run directory {self.run_dir!r} holds a different sweep (differs in: dp_event of stored "
+            f"candidate {r['id']}; " + _difference(f"its grid point {key}", r.get("dp_event", _ABSENT),
+                                                   events[key])
+            + "); its score was computed by another mechanism than the one accounted now; use a "
+            "new directory, or delete this one to start over")
 
   # -- records ----------------------------------------------------------------
 
@@ -509,6 +625,33 @@ class ResultPool:
     self._records, self._size, self._ids = keep, len(data), {r["id"] for r in keep}
 
 
+def data_fingerprint(data) -> dict:
+  """sha256 of every split's arrays (shapes, dtypes, bytes) and the declared sizes."""
+  digest = hashlib.sha256()
+  for name in ("train", "test", "private_validation"):
+    split = getattr(data, name)
+    digest.update(name.encode())
+    if split is None:
+      continue
+    leaves, treedef = jax.tree_util.tree_flatten(split)
+    digest.update(str(treedef).encode())
+    for leaf in leaves:
+      leaf = np.ascontiguousarray(np.asarray(leaf))
+      digest.update(f"{leaf.dtype}{leaf.shape}".encode())
+      digest.update(leaf.tobytes())
+  return {"sha256": digest.hexdigest(), "num_examples": data.num_examples}
+
+
+def params_digest(tree: Any) -> str:
+  """sha256 of a parameter tree: its paths, dtypes, shapes and bytes."""
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    leaf = np.ascontiguousarray(np.asarray(leaf))
+    digest.update(f"{jax.tree_util.keystr(path)}{leaf.dtype}{leaf.shape}".encode())
+    digest.update(leaf.tobytes())
+  return digest.hexdigest()
+
+
 def result_fields(result) -> dict:
   """What a pool record keeps of a `CandidateResult` (not its parameters)."""
   return {"score": result.score, "test_score": result.test_score, "test_loss": result.test_loss,
@@ -524,7 +667,7 @@ def record_of(candidate: Candidate, result, num_examples: Optional[int] = None) 
   expected `batch_size` (their DpEvent depends on N).
   """
   return {"id": candidate.id, "point": dict(candidate.point), "seed": candidate.seed,
-          **result_fields(result), "dp_event": repr(candidate.config.dp_event(num_examples))}
+          **result_fields(result), "dp_event": event_record(candidate.config, num_examples)}
 
 
 def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: Mapping[str, Any], *,
@@ -536,9 +679,17 @@ def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: 
     data: a `jaxdp.data.Dataset`.
     run_dir: the pool's directory.
     fingerprint: what the sweep is; a directory with another one is refused.
+      The mechanism of every grid point among `candidates` (its
+      configuration, DpEvent and program digest,
+      `jaxdp.sweep.space.mechanism_record`), the data's sha256 and the
+      digest of `initial_params` are added to it here: a pool resumed with
+      another C, hyperparameter, noise multiplier, DP score, clipping path,
+      trainable set, loss, model, optimizer, data or public start is refused
+      whatever `fingerprint` says; a rerun may add grid points and seeds.
     progress: progress bar with ETA.
     trainer: the training backend, `engine.train_candidates` by default (the
-      Ray backend has the same signature).
+      Ray backend has the same signature). It is called only after the pool
+      has been checked, here on the driver.
     **engine_kwargs: passed to the backend (`max_candidates_per_device`, ...).
 
   Returns:
@@ -547,11 +698,23 @@ def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: 
 
   Raises:
     PoolLockedError: another process is writing `run_dir`.
-    PoolMismatchError: `run_dir` holds another sweep.
+    SearchMismatchError: `run_dir` holds another sweep or mechanism (before
+      anything trains); `PoolMismatchError`: an older pool format.
+    ValueError: a task does not fit `data` (before anything trains).
   """
   if len({c.id for c in candidates}) != len(candidates):
     raise ValueError("candidates must be distinct (same grid point and seed given twice)")
-  with ResultPool(run_dir, fingerprint) as pool:
+  mechanism = mechanism_record(((c.point, c.config) for c in candidates), data)
+  # What the candidates read besides their configuration: the data and any public start.
+  if not isinstance(fingerprint, Mapping) or _DATA in fingerprint or _INITIAL in fingerprint:
+    raise ValueError(f"fingerprint must be a mapping without the keys {_DATA!r} and {_INITIAL!r} "
+                     f"(run_sweep adds them), got {fingerprint!r:.200}")
+  fingerprint = dict(fingerprint)
+  if data is not None:
+    fingerprint[_DATA] = data_fingerprint(data)
+  if engine_kwargs.get("initial_params") is not None:
+    fingerprint[_INITIAL] = params_digest(engine_kwargs["initial_params"])
+  with ResultPool(run_dir, fingerprint, mechanism=mechanism) as pool:
     done = pool.done_ids()
     todo = [c for c in candidates if c.id not in done]
     if todo:

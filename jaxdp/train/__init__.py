@@ -8,7 +8,8 @@
                noise that reads it, Poisson sampling and the DpEvent, from
                one object.
   clipping     per_example_grads, clip_per_example, clipped_grad_sum and the
-               optax transform clip_per_example_l2.
+               optax transform clip_per_example_l2, clipped against NormBounds
+               that hold after float32 rounding (clip_scales).
   ghost        ghost clipping: the same clipped sum without per-example
                gradients of Dense/Conv layers, everywhere (Task(clipping='ghost'))
                or where a cost model says it pays (Task(clipping='auto'), the default).
@@ -24,9 +25,9 @@
 """
 
 from jaxdp.train import presets
-from jaxdp.train.clipping import (ClipState, clip_factors, clip_per_example, clip_per_example_l2,
-                                  clipped_grad_sum, per_example_global_norms, per_example_grads,
-                                  weighted_sum)
+from jaxdp.train.clipping import (ClipScales, ClipState, NormBound, clip_per_example, clip_scales, clip_per_example_l2,
+                                  clipped_grad_sum, gradient_bound, per_example_global_norms,
+                                  per_example_grads, weighted_sum)
 from jaxdp.train.ghost import GhostLayer, GhostSplit, ghost_clipped_grad_sum, ghost_layers
 from jaxdp.train.microbatching import auto_microbatch_size, per_example_bytes
 from jaxdp.train.noise import (ExpectedBatchState, GaussianNoiseState, add_gaussian_noise,
@@ -41,13 +42,14 @@ from jaxdp.train.config import (CONFIG_FIELDS, EPSILON_METHOD, ExecutionConfig, 
                                 TrainConfig, UncheckedHparamsWarning, epsilon)
 from jaxdp.train.program import LoopOutput, LoopSpec, build_evaluate, build_train_loop, init_params
 from jaxdp.train.trainer import CandidateResult, train_candidate
+from jaxdp.train import digest  # program digests: what a durable pool records of a candidate's code
 
 __all__ = [
     "CLIPPING_METHODS", "CONFIG_FIELDS", "GhostLayer", "GhostSplit", "auto_microbatch_size",
     "ghost_clipped_grad_sum", "ghost_layers", "per_example_bytes", "CandidateResult", "ClipState", "ClippedGrad", "DpScore", "DpSgdPlan",
     "ExecutionConfig", "ExpectedBatchState", "GaussianNoiseState", "HParams", "LoopOutput",
     "LoopSpec", "Model", "NoisyMean", "NotPrivateWarning", "Task", "TrainConfig", "UncheckedHparamsWarning",
-    "add_gaussian_noise", "build_evaluate", "build_train_loop", "check_task", "clip_factors",
+    "add_gaussian_noise", "build_evaluate", "build_train_loop", "check_task", "ClipScales", "NormBound", "clip_scales", "gradient_bound",
     "clip_per_example", "clip_per_example_l2", "clipped_grad_sum", "default_padded_batch_size",
     "EPSILON_METHOD", "epsilon", "init_params", "keep_hparams", "normalize_by_expected_batch_size",
     "per_example_global_norms", "per_example_grads", "poisson_batch_sum", "poisson_mask",

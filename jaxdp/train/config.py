@@ -22,6 +22,7 @@ from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp import accounting as acc
 from jaxdp.accounting import events as acc_events
+from jaxdp.train import clipping
 from jaxdp.train.plan import DpSgdPlan
 from jaxdp.train.sampling import validate_batch_sizes
 from jaxdp.train.task import HParams, Task, real_hparam
@@ -104,7 +105,7 @@ class TrainConfig:
   """One candidate: the task, its privacy parameters and its hyperparameters.
 
   Privacy-relevant (they determine the DpEvent and hence epsilon):
-    l2_clip_norm: per-example clip norm C > 0, the sensitivity of the summed
+    l2_clip_norm: per-example clip norm C in [2^-20, 2^40], the sensitivity of the summed
       gradient (with sigma it sets the noise std sigma*C; it does not change
       epsilon).
     noise_multiplier: sigma >= 0. sigma = 0 adds no noise: the run is not
@@ -140,7 +141,8 @@ class TrainConfig:
     if not isinstance(self.task, Task):
       raise ValueError(f"task must be a jaxdp.train.Task (e.g. jaxdp.train.presets.classifier(10)), "
                        f"got {type(self.task).__name__}")
-    _validate.real("l2_clip_norm", self.l2_clip_norm, low=0.0, low_open=True)
+    # The float32 clipping bound holds for C in this range (jaxdp.train.clipping).
+    _validate.real("l2_clip_norm", self.l2_clip_norm, low=clipping.MIN_CLIP_NORM, high=clipping.MAX_CLIP_NORM)
     _validate.real("noise_multiplier", self.noise_multiplier, low=0.0)
     if self.noise_multiplier == 0:
       # Legal (non-private baselines, exact-GD checks) but never what a DP

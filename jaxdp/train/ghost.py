@@ -28,10 +28,17 @@ clip factors w_i, so no second backward pass is needed (the "book-keeping"
 trick of Bu et al., "Differentially private optimization on large model at
 small cost", ICML 2023).
 
-Sensitivity holds by construction: example i adds w_i (R_i^T G_i per ghost
-layer, its vmap gradient per fallback leaf) to the sum, and w_i was computed
-from the norm of exactly that vector.  That the vector *is* the example's
-gradient needs each ghost kernel and bias to be used by its one call alone.
+Sensitivity holds after rounding (`jaxdp.train.clipping`): example i adds w_i
+(R_i^T G_i per ghost layer, its vmap gradient per fallback leaf) to the sum,
+and w_i comes from a rigorous upper bound of the norm of what is added, float
+rounding included. In the Gram form sum_{t,s} (r_t . r_s)(g_t . g_s) the
+terms may cancel (an adversary can make the computed value 0 for a gradient
+of norm 3,000 C), so the bound adds the form's rounding error, relative to
+(sum_t ||r_t|| ||g_t||)^2, and the book-keeping contraction's, on rows and
+cotangents scaled per example by powers of two so that no square overflows
+or underflows (`_kernel_part` states each form's bound).  That the vector
+*is* the example's gradient needs each ghost kernel and bias to be used by
+its one call alone.
 This is decided structurally, at trace time, on abstract values of one
 example: a call qualifies only if it is made in the loss's own trace (not
 inside nn.scan, nn.remat, jax.checkpoint ...), its parameters are leaves of
@@ -47,6 +54,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -312,7 +320,7 @@ def _cost(call: _Call, leaf_avals: list) -> _Cost:
   item = jnp.dtype(kernel.dtype).itemsize
   d_out = call.out.shape[-1]
   d_in, t = math.prod(kernel.shape) // d_out, math.prod(call.out.shape[1:-1])
-  gram = t * (d_in + d_out) < d_in * d_out  # `_kernel_sq_norms`' choice
+  gram = _uses_gram(t, d_in, d_out)
   norms = 0 if t == 1 else 2 * t * t if gram else d_in * d_out
   patches = 0 if call.kind == "Dense" else t * d_in  # a Dense layer's rows are its input
   return _Cost(gradient_bytes=item * sum(math.prod(leaf_avals[i].shape) for i in call.params.values()),
@@ -427,23 +435,129 @@ def _rows(call: _Call, x: jax.Array) -> jax.Array:
   return jnp.swapaxes(patches, -1, -2).reshape(b, -1, k * c_in)  # (kernel position, C) order
 
 
-def _kernel_sq_norms(rows: jax.Array, cots: jax.Array) -> jax.Array:
-  """||R_i^T G_i||_F^2 per example, by the cheaper of the Gram and direct forms."""
-  t, d_in, d_out = rows.shape[1], rows.shape[2], cots.shape[2]
-  if t == 1:
-    return jnp.sum(jnp.square(rows), (1, 2)) * jnp.sum(jnp.square(cots), (1, 2))
-  if t * (d_in + d_out) < d_in * d_out:
-    # sum_{t,s} (r_t . r_s)(g_t . g_s): memory and work ~ T^2 per example.
-    rr = jnp.einsum("btk,bsk->bts", rows, rows, precision=_HIGHEST)
-    gg = jnp.einsum("bto,bso->bts", cots, cots, precision=_HIGHEST)
-    # >= 0 in exact arithmetic; maximum keeps NaN (it propagates) for clip_factors.
-    return jnp.maximum(jnp.sum(rr * gg, (1, 2)), 0.0)
-  per_example = jnp.einsum("btk,bto->bko", rows, cots, precision=_HIGHEST)
-  return jnp.sum(jnp.square(per_example), (1, 2))
+def _power_of_two(k: jax.Array) -> jax.Array:
+  """2.0**k as float32, exactly, for integer k in [-126, 127] (built from its bits)."""
+  return jax.lax.bitcast_convert_type((k + 127) << 23, jnp.float32)
 
 
-def _per_example_sq_norms(grads: list[jax.Array]) -> jax.Array:
-  return sum(jnp.sum(jnp.square(g.reshape(g.shape[0], -1)), axis=1) for g in grads)
+def _normalise(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(x / 2^E_i per example, E (b,) int32, finite (b,) bool): max |x / 2^E_i| in [1/2, 1).
+
+  E_i is in [-126, 128], and x / 2^E_i is two multiplications by powers of two
+  in the normal range (2^-E_i alone may not be): exact, but for results that
+  underflow, which only shrink; so every scaled value is at most 1 in
+  magnitude, which the bounds' absolute terms rely on. A row holding a
+  non-finite value keeps it (E_i = 0) and is flagged. One multiplication,
+  which XLA fuses into the values' producer (`jnp.ldexp`'s bit
+  manipulations, a clip and a select each materialised a copy of x).
+  """
+  b = x.shape[0]
+  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))  # the bounds assume float32 rounding
+  top = jnp.max(jnp.abs(x).reshape(b, -1), axis=1)
+  finite = jnp.isfinite(top)
+  exponent = jnp.where(finite, jnp.maximum(jnp.frexp(top)[1], -126), 0)
+  half = exponent // 2
+  scale = (_power_of_two(-half) * _power_of_two(half - exponent)).reshape((b,) + (1,) * (x.ndim - 1))
+  return x * scale, exponent, finite
+
+
+def _uses_gram(t: int, d_in: int, d_out: int) -> bool:
+  """sum_{t,s} (r_t . r_s)(g_t . g_s) (memory and work ~ T^2) rather than R^T G (~ d_in d_out)."""
+  return t == 1 or t * (d_in + d_out) < d_in * d_out
+
+
+class _KernelPart(NamedTuple):
+  """One ghost call's kernel: its `NormBound` and what its clipped sum is built from."""
+  bound: clipping.NormBound
+  rows: Any         # (b, T, d_in) rows, scaled like `bound` (Gram forms), else None
+  cots: Any         # (b, T, d_out) cotangents, scaled like `bound` (Gram forms), else None
+  per_example: Any  # (b, d_in, d_out) R_i^T G_i (direct form), else None
+
+
+def _kernel_part(call: _Call, inputs: jax.Array, cots: jax.Array) -> _KernelPart:
+  """The kernel part of one ghost call from its per-example inputs and cotangents G (b, T, d_out).
+
+  Let R (b, T, d_in) be the rows, S = sum_t ||r_t|| ||g_t|| and K = b T.
+
+  Direct form (T (d_in + d_out) >= d_in d_out): R_i^T G_i is materialised,
+  normed from those very values (`clipping.gradient_bound`), and the clipped
+  sum is their weighted sum over the b rows (the ghost saving is then only
+  the other layers'). However they were rounded, what is summed is what is
+  normed.
+
+  Gram forms: the clipped sum is the book-keeping contraction
+  sum_i R_i^T (w_i G_i), of length K. Its rounding gives example i's terms
+  r_tk w_i g_to (1 + theta) with |theta| <= gamma_{K+1} (the product w_i g_to
+  rounded too), so its share has norm <= gamma_{K+1} w_i S. And:
+
+    * T = 1: ||r g^T||^2 = ||r||^2 ||g||^2, two sums of squares with no
+      cancellation (errors as in `clipping.gradient_bound`); S is the same
+      product. The values are used as they are (true units).
+    * T > 1: ||R^T G||_F^2 = sum_{t,s} (r_t . r_s)(g_t . g_s), whose terms
+      may cancel. The inputs (so the rows: a convolution's patches copy input
+      values or are 0) and G are scaled per example by powers of two to max
+      |entry| in [1/2, 1) (exponents E_r, E_g; the part's exponent is
+      E_r + E_g), so no square overflows or underflows. The dot products
+      then err by gamma_{d_in} ||r_t|| ||r_s||, gamma_{d_out} ||g_t|| ||g_s||,
+      the product by u, the two-stage sum over (t, s) by gamma_{2T} of
+      sum |terms| <= S^2, so the computed value v satisfies
+      ||R^T G||^2 <= v + gamma_{2T + d_in + d_out + 1} S^2 + A (Higham's
+      gamma_j + gamma_k + gamma_j gamma_k <= gamma_{j+k}); A =
+      T^2 d_in d_out 2^-122 bounds the flushed subnormals (every scaled entry
+      is at most 1). S comes from the Gram diagonals (positive terms): its
+      computed value plus 5 T sqrt(d_in d_out) 2^-63 (flushed squares), times
+      1 + gamma_{T + d_in + d_out + 6}, bounds it.
+
+  A row holding a non-finite value gets a NaN bound (it then contributes 0).
+  """
+  b = cots.shape[0]
+  t, d_out = cots.shape[1], cots.shape[2]
+  if t > 1 and _gram_shape(call, inputs, cots):
+    return _gram_part(call, inputs, cots)
+  rows = _rows(call, inputs).astype(jnp.promote_types(inputs.dtype, jnp.float32))
+  cots = cots.astype(jnp.promote_types(cots.dtype, jnp.float32))
+  d_in = rows.shape[2]
+  if t > 1:
+    per_example = jnp.einsum("btk,bto->bko", rows, cots, precision=_HIGHEST)
+    return _KernelPart(bound=clipping.gradient_bound([per_example], terms=b), rows=None, cots=None,
+                       per_example=per_example)
+  (rr, k_r), (gg, k_g) = clipping.sum_of_squares(rows), clipping.sum_of_squares(cots)
+  norm = jnp.sqrt((rr + 2.0 * d_in * clipping.TINY) * (gg + 2.0 * d_out * clipping.TINY)
+                  * clipping.inflate(k_r + k_g + 6))
+  bound = clipping.NormBound(exponent=jnp.zeros((b,), jnp.int32), norm=norm,
+                             share=clipping.gamma(b + 1) * norm)
+  return _KernelPart(bound=bound, rows=rows, cots=cots, per_example=None)
+
+
+def _gram_shape(call: _Call, inputs: jax.Array, cots: jax.Array) -> bool:
+  t, d_out = cots.shape[1], cots.shape[2]
+  d_in = jax.eval_shape(functools.partial(_rows, call), inputs).shape[2]
+  return _uses_gram(t, d_in, d_out)
+
+
+def _gram_part(call: _Call, inputs: jax.Array, cots: jax.Array) -> _KernelPart:
+  """The T > 1 Gram form of `_kernel_part`, on per-example scaled inputs and cotangents."""
+  inputs, e_rows, finite_rows = _normalise(inputs)
+  rows = _rows(call, inputs)
+  cots, e_cots, finite_cots = _normalise(cots)
+  b, t, d_in = rows.shape
+  d_out = cots.shape[2]
+  rr = jnp.einsum("btk,bsk->bts", rows, rows, precision=_HIGHEST)
+  gg = jnp.einsum("bto,bso->bts", cots, cots, precision=_HIGHEST)
+  # Two stages (the barrier keeps XLA from merging them): a term passes at most
+  # 2T additions, not T^2.
+  gram = jnp.sum(jax.lax.optimization_barrier(jnp.sum(rr * gg, axis=2)), axis=1)
+  diag = (jnp.sqrt(jnp.maximum(jnp.diagonal(rr, axis1=1, axis2=2), 0.0))
+          * jnp.sqrt(jnp.maximum(jnp.diagonal(gg, axis1=1, axis2=2), 0.0)))
+  mass = ((jnp.sum(diag, axis=1) + 5.0 * t * math.sqrt(d_in * d_out) * 2.0 ** -63)
+          * clipping.inflate(t + d_in + d_out + 5))
+  # inflate(6): this line's roundings and the square root's below. jnp.maximum keeps NaN.
+  norm_sq = ((jnp.maximum(gram, 0.0) + clipping.gamma(2 * t + d_in + d_out + 1) * jnp.square(mass)
+              + t * t * d_in * d_out * 2.0 ** -122) * clipping.inflate(6))
+  # A non-finite input or cotangent makes the bound NaN: the example then contributes 0.
+  norm = jnp.where(finite_rows & finite_cots, jnp.sqrt(norm_sq), jnp.nan)
+  bound = clipping.NormBound(exponent=e_rows + e_cots, norm=norm, share=clipping.gamma(b * t + 1) * mass)
+  return _KernelPart(bound=bound, rows=rows, cots=cots, per_example=None)
 
 
 def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask: jax.Array,
@@ -451,7 +565,7 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
   """Sum over the unmasked examples of their clipped gradients, by ghost clipping.
 
   A drop-in for `clipping.clipped_grad_sum`: same arguments, same result up
-  to float rounding, but eligible Dense / Conv / Conv2D layers (see
+  to float rounding and the slack of each path's norm bound, but eligible Dense / Conv / Conv2D layers (see
   `ghost_layers`) never hold per-example weight gradients, so memory grows
   with the activations instead of with b x the parameter count.  Without any
   eligible layer this is `clipping.clipped_grad_sum`.
@@ -460,11 +574,15 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
   analysis runs at trace time on shapes only, so it is free once compiled.
 
   Guarantees:
-    * Each example's clipped contribution has L2 norm at most
-      `l2_clip_norm` (up to float rounding), as for the vmap path: the norm
-      that sets its clip factor is the norm of exactly the gradient summed.
-    * Masked rows, and rows whose gradient norm is not finite, contribute
-      exactly zero (selected away with `where`, never multiplied by 0).
+    * Each example's contribution (what the float sums add for it, its share
+      of their rounding included) has L2 norm at most `l2_clip_norm`, for any
+      float32 values of its inputs: its weight comes from
+      `clipping.clip_scales` over rigorous bounds of every part it adds
+      (`_kernel_part` states the Gram, one-position and direct forms' bounds;
+      bias and fallback gradients are normed from the very values summed).
+    * Masked rows, rows holding a non-finite value, and rows whose bound
+      overflows contribute exactly zero (selected away with `where`, never
+      multiplied by 0).
 
   Args:
     loss_fn: maps (params, batch) to per-example losses (b,); see
@@ -472,7 +590,8 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
     params: parameter tree.
     batch: pytree of arrays with b examples on the leading axis.
     mask: (b,) boolean, True for rows that belong to the sampled batch.
-    l2_clip_norm: clip norm C > 0 (may be traced).
+    l2_clip_norm: clip norm C in [clipping.MIN_CLIP_NORM, clipping.MAX_CLIP_NORM]
+      (may be traced).
     auto: choose, per eligible layer, between its ghost norm and its
       per-example gradient by their per-example bytes and work, from shapes
       (`Task(clipping="auto")`, the default): a layer keeps its ghost norm
@@ -491,24 +610,48 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
     RuntimeError: if `loss_fn` makes different layer calls in different
       traces (its calls must depend on shapes only).
   """
+  clipping.check_clip_norm(l2_clip_norm)
   calls, _, treedef = _analyse(loss_fn, params, batch, auto)
   ghost_calls = [c for c in calls if c.reason is None]
   if not ghost_calls:
     return clipping.clipped_grad_sum(loss_fn, params, batch, mask, l2_clip_norm)
   leaves = jax.tree.leaves(params)
+  b = mask.shape[0]
   ghost_idx = {i for c in ghost_calls for i in c.params.values()}
   fallback_idx = [i for i in range(len(leaves)) if i not in ghost_idx]
   inputs, fallback_grads, cots = _per_example_pieces(loss_fn, leaves, treedef, ghost_calls,
                                                      fallback_idx, batch)
-  sq_norms, factors = _sq_norms(ghost_calls, inputs, fallback_grads, cots, mask.shape[0])
-  norms = jnp.sqrt(sq_norms)
-  weights = jnp.where(mask, clipping.clip_factors(norms, l2_clip_norm), 0.0)
+  cots = {j: c.reshape(b, -1, c.shape[-1]) for j, c in cots.items()}  # (b, T, d_out)
+  kernels = [_kernel_part(call, inputs[j], cots[j]) for j, call in enumerate(ghost_calls)]
+  # A bias gradient sum_t g_t is materialised (b, d_out): its norm is that of the values summed.
+  biases = {j: _bias_part(cots[j]) for j, call in enumerate(ghost_calls) if "bias" in call.params}
+  bounds = [k.bound for k in kernels] + [bias.bound for bias in biases.values()]
+  if fallback_grads:
+    bounds.append(clipping.gradient_bound(fallback_grads, terms=b))
+  # One clip factor per example from every part's bound: its whole gradient is clipped at once.
+  scales = clipping.clip_scales(bounds, l2_clip_norm, mask)
+  bias_scales = dict(zip(biases, scales.scales[len(kernels):]))
   out = list(leaves)
   if fallback_grads:
-    for i, g in zip(fallback_idx, clipping.weighted_sum(fallback_grads, weights, norms)):
+    for i, g in zip(fallback_idx, clipping.weighted_sum(fallback_grads, scales.scales[-1], bounds[-1].norm)):
       out[i] = g
-  _add_ghost_sums(out, ghost_calls, factors, weights)
+  for j, (call, kernel) in enumerate(zip(ghost_calls, kernels)):
+    _add_kernel_sum(out, call, kernel, scales.scales[j], scales.keep)
+    if j in biases:
+      index = call.params["bias"]
+      summed = clipping.weighted_sum([biases[j].values], bias_scales[j], biases[j].bound.norm)[0]
+      out[index] = summed.reshape(out[index].shape)
   return treedef.unflatten(out), jnp.sum(mask.astype(jnp.float32))
+
+
+class _BiasPart(NamedTuple):
+  bound: clipping.NormBound
+  values: jax.Array  # (b, d_out) per-example bias gradients
+
+
+def _bias_part(cots: jax.Array) -> _BiasPart:
+  values = jnp.sum(cots.astype(jnp.promote_types(cots.dtype, jnp.float32)), axis=1)
+  return _BiasPart(bound=clipping.gradient_bound([values], terms=values.shape[0]), values=values)
 
 
 def _per_example_pieces(loss_fn: LossFn, leaves: list, treedef, ghost_calls: list, fallback_idx: list,
@@ -551,33 +694,17 @@ def _per_example_pieces(loss_fn: LossFn, leaves: list, treedef, ghost_calls: lis
   return inputs, fallback_grads, cots
 
 
-def _sq_norms(ghost_calls: list, inputs: dict, fallback_grads: list, cots: dict, b: int) -> tuple:
-  """(per-example squared gradient norms (b,), (rows, cotangents) per ghost call)."""
-  sq_norms = jnp.zeros((b,), jnp.float32)
-  if fallback_grads:
-    sq_norms = sq_norms + _per_example_sq_norms(fallback_grads)
-  factors = []
-  for j, call in enumerate(ghost_calls):
-    rows = _rows(call, inputs[j])
-    g = cots[j].reshape(b, -1, cots[j].shape[-1])
-    sq_norms = sq_norms + _kernel_sq_norms(rows, g)
-    if "bias" in call.params:
-      sq_norms = sq_norms + jnp.sum(jnp.square(jnp.sum(g, axis=1)), axis=1)
-    factors.append((rows, g))
-  return sq_norms, factors
-
-
-def _add_ghost_sums(out: list, ghost_calls: list, factors: list, weights: jax.Array) -> None:
-  """Writes each ghost call's clipped kernel (and bias) sum into `out`, by book-keeping."""
-  keep = (weights > 0)[:, None, None]
-  for call, (rows, g) in zip(ghost_calls, factors):
-    # where(), not a product, so a dropped row holding inf/NaN adds exactly 0.
-    rows = jnp.where(keep, rows, 0.0)
-    g = jnp.where(keep, g, 0.0) * weights[:, None, None].astype(g.dtype)
-    kernel_index = call.params["kernel"]
-    # HIGHEST, as for the norms: each example's summand is then, to float32
-    # rounding, the very vector whose norm set its clip factor (TF32 would not be).
-    kernel_sum = jnp.einsum("btk,bto->ko", rows, g, precision=_HIGHEST)
-    out[kernel_index] = kernel_sum.reshape(out[kernel_index].shape)
-    if "bias" in call.params:
-      out[call.params["bias"]] = jnp.sum(g, axis=(0, 1)).reshape(out[call.params["bias"]].shape)
+def _add_kernel_sum(out: list, call: _Call, kernel: _KernelPart, scale: jax.Array, keep: jax.Array) -> None:
+  """Writes one ghost call's clipped kernel sum into `out`: the book-keeping contraction
+  sum_i R_i^T (s_i G_i) (Gram form) or the weighted sum of the materialised R_i^T G_i."""
+  index = call.params["kernel"]
+  if kernel.per_example is not None:
+    summed = clipping.weighted_sum([kernel.per_example], scale, kernel.bound.norm)[0]
+  else:
+    rows_keep = keep[:, None, None]
+    # where(), not a product, so a dropped row holding NaN adds exactly 0.
+    rows = jnp.where(rows_keep, kernel.rows, 0.0)
+    cots = jnp.where(rows_keep, kernel.cots, 0.0) * scale[:, None, None].astype(kernel.cots.dtype)
+    # HIGHEST: the share bound assumes float32 rounding (TF32 would not be).
+    summed = jnp.einsum("btk,bto->ko", rows, cots, precision=_HIGHEST)
+  out[index] = summed.reshape(out[index].shape)

@@ -116,8 +116,9 @@ class LoopSpec:
     static.update({name: traced.pop(name) for name in auto})
     static = _hashable_items(config.task, static)
     # Padding is sized from the rows present (a shape, performance only);
-    # q and T above come from the declared N only.
-    rows = data.num_train_rows
+    # q and T above come from the declared N only. Zero rows (an empty Poisson
+    # subset) still need one padding row: shapes cannot be empty.
+    rows = max(data.num_train_rows, 1)
     if micro is None:
       fixed = padded is not None
       padded = padded if fixed else default_padded_batch_size(rows, q)
@@ -272,14 +273,19 @@ class LoopOutput(NamedTuple):
   finite: jax.Array     # False if the parameters became non-finite (diverged)
 
 
-def _first(tree: PyTree) -> PyTree:
-  return jax.tree.map(lambda leaf: leaf[:1], tree)
+def _zero_row(tree: PyTree) -> PyTree:
+  """One all-zero example shaped like the rows of `tree` (which may hold none)."""
+  return jax.tree.map(lambda leaf: jnp.zeros((1,) + tuple(np.shape(leaf)[1:]), device_dtype(leaf)), tree)
 
 
 def init_params(spec: LoopSpec, key: jax.Array, train: PyTree) -> PyTree:
-  """Initial parameters: they depend on the key and the inputs' shapes only."""
+  """Initial parameters: they depend on the key and the inputs' shapes only.
+
+  The init batch is built from the data's structure (one zero row), never
+  from its rows, so training data with zero rows initialises as any other.
+  """
   model = spec.model()
-  return model.init(key, spec.task.model_inputs(jax.tree.map(jnp.zeros_like, _first(train))))
+  return model.init(key, spec.task.model_inputs(_zero_row(train)))
 
 
 def param_shapes(spec: LoopSpec, train: PyTree) -> PyTree:
@@ -330,6 +336,11 @@ def build_train_loop(spec: LoopSpec, *, axis_name: Optional[str] = None) -> Call
   def loop(params, plan: DpSgdPlan, traced: Mapping[str, jax.Array], key, train) -> LoopOutput:
     sample_key, noise_key = jax.random.split(key)
     num_rows = jax.tree.leaves(train)[0].shape[0]  # static; never a normaliser
+    # Zero rows (an empty Poisson subset) is a valid input: nobody is sampled,
+    # every microbatch row is padding (valid False), and the gather needs a
+    # row to read: one zero row, never sampled. Each step then sums no
+    # gradient and adds the noise, the mechanism on the empty data set.
+    rows = train if num_rows else _zero_row(train)
     # Only the trainable leaves are differentiated, clipped, noised and updated;
     # the frozen ones enter the loss as constants (jaxdp.train.trainable).
     trained, frozen = trainable_lib.partition(params, task.trainable_mask(params))
@@ -340,7 +351,7 @@ def build_train_loop(spec: LoopSpec, *, axis_name: Optional[str] = None) -> Call
     def body(carry):
       step, trained, opt_state, _ = carry
       grad_sum, _ = plan.batch_sum(
-          jax.random.fold_in(sample_key, step), lambda idx, valid: clipped(trained, _take(train, idx), valid),
+          jax.random.fold_in(sample_key, step), lambda idx, valid: clipped(trained, _take(rows, idx), valid),
           num_rows=num_rows, padded_batch_size=spec.padded_batch_size,
           microbatch_size=spec.microbatch_size, axis_name=axis_name)
       # grad_sum is the whole batch's clipped sum on every device: the noise

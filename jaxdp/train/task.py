@@ -98,31 +98,60 @@ class HParams(Mapping):
     return f"HParams({self._values!r})"
 
 
+#: The largest magnitude of NoisyMean's bounds: 1 / half stays a normal float32
+#: (XLA on CPU flushes subnormals to zero, and may divide by multiplying by the
+#: reciprocal: dividing by a half above 2**126 would give 0, not the share).
+_BOUND_MAX = 2.0**125
+#: The smallest normal float32: half the width of NoisyMean's range must be at least this.
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+
+
 @dataclasses.dataclass(frozen=True)
 class NoisyMean:
   """DP score: the Gaussian-noised mean of a bounded per-example value on private data.
 
-  Each example's value is clipped to [low, high] and centred at
-  mid = (low + high) / 2, so adding or removing one validation example moves
-  the centred sum by at most half = (high - low) / 2. The released score is
+  Each example's value v_i is clipped to [low, high] and centred at
+  mid = (low + high) / 2; the sum runs over each example's share
 
-    (sum_i (v_i - mid) + N(0, (noise_multiplier * half)^2)) / num_examples + mid
+    u_i = clip((v_i - mid) / half, -1, 1),   half = (high - low) / 2,
 
-  with `num_examples` the *declared, public* validation size: the divisor is
-  this constant, whatever the number of rows, because dividing by the actual
-  count would move the score's mean by about twice the accounted amount when
-  one example is added. Its DpEvent is `GaussianDpEvent(noise_multiplier)`
-  (add or remove one validation example), composed into every candidate's
-  event.
+  so adding or removing one validation example moves it by at most 1, i.e.
+  moves the sum of the clipped values by at most half. The released score is
+
+    (sum_i u_i + sigma' Z) * half / num_examples + mid,   Z ~ N(0, 1),
+
+  with sigma' the noise multiplier rounded up to float32 and `num_examples`
+  the *declared, public* validation size: the divisor is this constant,
+  whatever the number of rows, because dividing by the actual count would
+  move the score's mean by about twice the accounted amount when one example
+  is added. Its DpEvent is `GaussianDpEvent(noise_multiplier)` (add or remove
+  one validation example), composed into every candidate's event.
 
   Attributes:
     fn: (outputs, batch) -> per-example values, shape (n,) (e.g. 1.0 for a
       correct prediction, or minus the loss).
-    low, high: bounds with low < high (accuracy: 0 and 1).
+    low, high: bounds with low < high (accuracy: 0 and 1), of magnitude at
+      most 2**125 (about 4.25e37) and at least 2.4e-38 apart: the shares are
+      computed in float32.
     noise_multiplier: sigma > 0.
     num_examples: the public validation size n >= 1 (keyword-only): the
       normaliser of the noisy sum (e.g. the size of a validation split you may
       publish).
+
+  Guarantees:
+    The sensitivity bound holds for any float32 value `fn` gives the added
+    or removed example, whatever its bits (an adversary may choose the
+    example, e.g. inputs that make the logits overflow): a NaN value counts
+    as `low` (u = -1), +inf, -inf and every other value outside [low, high]
+    count as the nearer bound, and values inside as themselves (subnormals
+    too, up to the device flushing them to 0). The sum of the u_i plus N(0, sigma'^2) noise with
+    sigma' >= sigma is the Gaussian mechanism of `event` (sensitivity 1, up
+    to float32 rounding of the sum, as in every float implementation); the
+    scaling by half / num_examples and the shift by mid that follow are
+    public post-processing. Every term lies in [-1, 1], so the float32 sum
+    cannot overflow for any bounds or values: a non-finite value is bounded,
+    never propagated. The score is finite unless that post-processing
+    overflows float32, which takes bounds near 2**125.
   """
   fn: Callable[[Any, PyTree], jax.Array]
   low: float
@@ -134,10 +163,16 @@ class NoisyMean:
     if not callable(self.fn):
       raise ValueError(f"NoisyMean.fn must be a callable (outputs, batch) -> per-example values, "
                        f"got {self.fn!r}")
-    _validate.real("low", self.low)
-    _validate.real("high", self.high)
+    # The shares are computed in float32: larger bounds would make 1 / half
+    # subnormal (flushed to 0), and a half-width below the normal range would
+    # round to 0 there.
+    _validate.real("low", self.low, low=-_BOUND_MAX, high=_BOUND_MAX)
+    _validate.real("high", self.high, low=-_BOUND_MAX, high=_BOUND_MAX)
     if not self.low < self.high:
       raise ValueError(f"NoisyMean needs low < high, got low={self.low!r}, high={self.high!r}")
+    if not (float(self.high) - float(self.low)) / 2.0 >= _FLOAT32_TINY:
+      raise ValueError(f"NoisyMean needs (high - low) / 2 >= {_FLOAT32_TINY!r} (a normal float32), "
+                       f"got low={self.low!r}, high={self.high!r}")
     _validate.real("noise_multiplier", self.noise_multiplier, low=0.0, low_open=True)
     if self.num_examples is None:
       raise ValueError("NoisyMean needs num_examples, the public validation size that divides the "
@@ -155,12 +190,20 @@ class NoisyMean:
     if values.ndim != 1 or (rows is not None and values.shape != rows):
       raise ValueError(f"NoisyMean.fn must return one value per example, shape {rows or '(n,)'}, "
                        f"got shape {values.shape}")
-    values = jnp.clip(values, self.low, self.high)
-    mid, half = (self.high + self.low) / 2.0, (self.high - self.low) / 2.0
-    # The std rounded up to float32: never less noise than accounted.
-    std = round_up_float32(float(self.noise_multiplier) * half)
-    noisy = jnp.sum(values - mid) + std * jax.random.normal(key)
-    return noisy / self.num_examples + mid
+    mid, half = (float(self.high) + float(self.low)) / 2.0, (float(self.high) - float(self.low)) / 2.0
+    # Each example's share in [-1, 1], whatever its bits. jnp.clip passes NaN
+    # through, and one NaN would make the sum, hence the score, NaN with
+    # probability 1 (a neighbour told apart for sure): NaN counts as `low`.
+    # +-inf and huge values (whose difference with mid may overflow to +-inf)
+    # clip to the nearer bound. Centring and scaling *before* the sum keeps
+    # every term within one unit, so the float32 sum cannot overflow either.
+    share = jnp.clip((values - mid) / half, -1.0, 1.0)
+    share = jnp.where(jnp.isnan(share), -1.0, share)
+    # sigma rounded up to float32: never less noise than accounted.
+    sigma = round_up_float32(float(self.noise_multiplier))
+    noisy = jnp.sum(share) + sigma * jax.random.normal(key)
+    # Public post-processing of the Gaussian mechanism's output.
+    return noisy * (half / self.num_examples) + mid
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,12 +10,19 @@ parameters bit for bit on the same machine (read back from the same bytes),
 the same epsilon. That is the only reason resuming is private: it is the same
 draw of the same mechanism.
 
-So a rerun that would be another draw is refused before anything trains: the
-pool's manifest holds the search's fingerprint (tuner, key, grid and every
-configuration, the law of K and the other accounted arguments, a sha256 of
-the data and the jaxdp version), and a different one raises
-`SearchMismatchError`. A second draw on the same data would be a second
-search that no epsilon accounts for.
+So a rerun that would be another draw, or the same draw of another
+mechanism, is refused before anything trains: the pool's manifest holds the
+search's fingerprint (tuner, key, grid and every configuration, the law of K
+and the other accounted arguments, a sha256 of the data and the jaxdp
+version) and its mechanism, per grid point: the candidates' DpEvent (the DP
+score's included) and the digest of the program they run
+(`jaxdp.train.digest`: model, loss, score, optimizer, clipping path,
+trainable set, as traced now). Any difference raises `SearchMismatchError`
+naming the part ("differs in: dp_events", "programs", "configs", ...). A
+second draw on the same data would be a second search that no epsilon
+accounts for; a stored score released under a changed mechanism (say a
+`NoisyMean` now given a larger noise multiplier) would be reported with the
+new mechanism's epsilon, not the one that produced it.
 
 The pool holds candidates that are never released (their scores and
 parameters): a `run_dir` is as secret as the data.
@@ -23,7 +30,7 @@ parameters): a `run_dir` is as secret as the data.
 
 from __future__ import annotations
 
-import hashlib
+import json
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
@@ -32,9 +39,10 @@ import numpy as np
 import jaxdp
 from jaxdp.data import Dataset
 from jaxdp.sweep import engine
-from jaxdp.sweep.pool import (ParamsDamagedError, PoolMismatchError, ResultPool, record_of,
-                              result_fields)
-from jaxdp.sweep.space import Candidate, SearchSpace, config_record
+# SearchMismatchError is defined with the pool (run_sweep raises it too) and is this module's.
+from jaxdp.sweep.pool import (ParamsDamagedError, PoolMismatchError, ResultPool, SearchMismatchError,
+                              data_fingerprint, params_digest, record_of, result_fields)
+from jaxdp.sweep.space import Candidate, SearchSpace, config_record, event_record, mechanism_record
 from jaxdp.train import CandidateResult, checks, program
 from jaxdp.train.program import LoopSpec
 
@@ -43,36 +51,18 @@ from jaxdp.train.program import LoopSpec
 Trainer = Callable[..., list]
 
 
-class SearchMismatchError(PoolMismatchError):
-  """`run_dir` holds another search: resuming it with these arguments would be a second draw."""
-
-
-def data_fingerprint(data: Dataset) -> dict:
-  """sha256 of every split's arrays (shapes, dtypes, bytes) and the declared sizes."""
-  digest = hashlib.sha256()
-  for name in ("train", "test", "private_validation"):
-    split = getattr(data, name)
-    digest.update(name.encode())
-    if split is None:
-      continue
-    leaves, treedef = jax.tree_util.tree_flatten(split)
-    digest.update(str(treedef).encode())
-    for leaf in leaves:
-      leaf = np.ascontiguousarray(np.asarray(leaf))
-      digest.update(f"{leaf.dtype}{leaf.shape}".encode())
-      digest.update(leaf.tobytes())
-  return {"sha256": digest.hexdigest(), "num_examples": data.num_examples}
-
-
 def search_fingerprint(tuner: str, space: SearchSpace, data: Dataset, key: jax.Array,
                        **accounted: Any) -> dict:
   """What a search is: a pool made for any other fingerprint is refused.
 
+  What its candidates compute (each configuration's DpEvent and program
+  digest) is recorded beside it, per grid point: `search_mechanism`.
+
   Args:
     tuner: the tuner's name.
-    space: the grid; every configuration is recorded (task by name, every
-      field, the hyperparameters, the execution settings), with the
-      parameter shapes of each model, which tell a changed architecture.
+    space: the grid (its points; each configuration, with every field, the
+      hyperparameters and the execution settings, is in the mechanism
+      record), with the parameter shapes of each model.
     data: its sha256 and declared sizes are recorded.
     key: the search's PRNG key (its raw bits).
     **accounted: the other arguments that decide the draw or the release
@@ -82,7 +72,6 @@ def search_fingerprint(tuner: str, space: SearchSpace, data: Dataset, key: jax.A
       "tuner": tuner,
       "key": np.asarray(jax.random.key_data(key)).tolist(),
       "points": [dict(p) for p in space.points],
-      "configs": [config_record(c) for c in space.configs],
       "parameter_shapes": sorted({_param_shapes(LoopSpec.from_config(c, data), data)
                                   for c in space.configs}),
       "data": data_fingerprint(data),
@@ -91,20 +80,17 @@ def search_fingerprint(tuner: str, space: SearchSpace, data: Dataset, key: jax.A
   }
 
 
+def search_mechanism(space: SearchSpace, data: Dataset) -> dict:
+  """What the candidates of `space` compute on `data`, per grid point: their DpEvent and the
+  digest of their program (`jaxdp.sweep.space.mechanism_record`). The pool records it beside
+  the fingerprint; a resume that differs in it is refused."""
+  return mechanism_record(zip(space.points, space.configs), data)
+
+
 def check_initial_params(initial_params: Any, space: SearchSpace, data: Dataset) -> None:
   """Raises ValueError unless `initial_params` fits the model of every configuration of `space`."""
   for spec in {LoopSpec.from_config(c, data): None for c in space.configs}:
     checks.check_initial_params(initial_params, program.param_shapes(spec, data.train))
-
-
-def params_digest(tree: Any) -> str:
-  """sha256 of a parameter tree: its paths, dtypes, shapes and bytes."""
-  digest = hashlib.sha256()
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    leaf = np.ascontiguousarray(np.asarray(leaf))
-    digest.update(f"{jax.tree_util.keystr(path)}{leaf.dtype}{leaf.shape}".encode())
-    digest.update(leaf.tobytes())
-  return digest.hexdigest()
 
 
 def _param_shapes(spec: LoopSpec, data: Dataset) -> str:
@@ -123,25 +109,33 @@ class CandidateStore:
     trainer: the backend (None: `jaxdp.sweep.train_candidates`).
     run_dir: None (nothing on disk) or the search's directory.
     fingerprint: the search's fingerprint (`search_fingerprint`).
+    mechanism: what its candidates compute (`search_mechanism`).
     engine_kwargs: forwarded to the trainer; an `on_chunk` given there is
       called as well, after the chunk is on disk.
+
+  Raises:
+    SearchMismatchError: `run_dir` holds another search, or this one run by
+      another mechanism (before anything trains).
   """
 
   def __init__(self, data: Dataset, *, trainer: Optional[Trainer] = None, run_dir: Optional[str] = None,
                fingerprint: Optional[Mapping[str, Any]] = None,
+               mechanism: Optional[Mapping[str, Any]] = None,
                engine_kwargs: Optional[Mapping[str, Any]] = None):
     self.data, self.trainer = data, trainer or engine.train_candidates
     self.engine_kwargs = dict(engine_kwargs or {})
     self.pool: Optional[ResultPool] = None
     if run_dir is not None:
       try:
-        self.pool = ResultPool(run_dir, fingerprint or {})
+        self.pool = ResultPool(run_dir, fingerprint or {}, mechanism=mechanism)
       except PoolMismatchError as err:
         raise SearchMismatchError(
             f"{err}. A private search resumed with another key, grid, configuration, law of K, "
-            "data or jaxdp version is not the same draw: it would be a second search on the same "
-            "data, which no reported epsilon accounts for. Rerun the identical search to resume, "
-            "or start a new search in a new run_dir") from None
+            "data or jaxdp version is not the same draw, and one resumed with another mechanism "
+            "(a configuration's DpEvent or DP score, the task's loss, score, model, optimizer, "
+            "clipping or trainable set) would release scores that the reported epsilon does not "
+            "account for: either is a second search on the same data. Rerun the identical search "
+            "to resume, or start a new search in a new run_dir") from None
     self._treedefs: dict = {}
 
   @classmethod
@@ -158,9 +152,13 @@ class CandidateStore:
       check_initial_params(initial_params, space, data)
       engine_kwargs["initial_params"] = initial_params
       accounted["initial_params"] = params_digest(initial_params)
-    fingerprint = None if run_dir is None else search_fingerprint(tuner, space, data, key, **accounted)
-    return cls(data if trains_on is None else trains_on, trainer=trainer, run_dir=run_dir,
-               fingerprint=fingerprint, engine_kwargs=engine_kwargs)
+    trains_on = data if trains_on is None else trains_on
+    fingerprint = mechanism = None
+    if run_dir is not None:  # tracing the programs costs a fraction of a second per compiled group
+      fingerprint = search_fingerprint(tuner, space, data, key, **accounted)
+      mechanism = search_mechanism(space, trains_on)
+    return cls(trains_on, trainer=trainer, run_dir=run_dir, fingerprint=fingerprint,
+               mechanism=mechanism, engine_kwargs=engine_kwargs)
 
   def __enter__(self) -> "CandidateStore":
     return self
@@ -191,16 +189,30 @@ class CandidateStore:
 
   def train_lone(self, record_id: str, config, run: Callable[[], CandidateResult]) -> CandidateResult:
     """A run outside the drawn candidates (a final model), stored under `record_id`: `run()`
-    trains it unless it is stored already."""
+    trains it unless it is stored already.
+
+    Raises:
+      SearchMismatchError: the stored run's DpEvent or configuration is not
+        `config`'s (e.g. another extrapolation of the tuned hyperparameters).
+    """
     if self.pool is None:
       return run()
+    # As a reload reads them back (JSON), so an identical rerun compares equal.
+    expected = {"dp_event": event_record(config, self.data.num_examples),
+                "config": json.loads(json.dumps(config_record(config)))}
     for _ in range(2):
       if record_id not in self.pool.done_ids():
         result = run()
-        self.pool.append([dict(result_fields(result), id=record_id, point={}, seed=-1,
-                               dp_event=repr(config.dp_event(self.data.num_examples)))],
+        self.pool.append([dict(result_fields(result), id=record_id, point={}, seed=-1, **expected)],
                          params={record_id: result.params})
       record = next(r for r in self.pool.records if r["id"] == record_id)
+      for field, value in expected.items():
+        if record.get(field) != value:
+          raise SearchMismatchError(
+              f"run directory {self.pool.run_dir!r} holds {record_id!r} run with another "
+              f"{field} (stored {record.get(field)!r:.240}, now {value!r:.240}): releasing it would "
+              "report the mechanism of this run, not the one that produced it; rerun the "
+              "identical search, or start a new search in a new run_dir")
       try:
         leaves = self.pool.load_params([record])[record_id]
       except ParamsDamagedError as err:

@@ -208,11 +208,25 @@ def _chunk_program(name, fn, impl, size: int):
 
 
 def best_index(results: Sequence[Any]) -> Optional[int]:
-  """Index of the highest score (first on ties), None if none is finite: what a search releases."""
+  """Index of the highest finite score (first on ties), None if none is finite: what a search
+  releases. A non-finite score (NaN, +-inf: a diverged run, an overflowing DP score) counts
+  as the worst, whatever its sign."""
   scores = np.array([r.score for r in results], dtype=np.float64)
-  if not scores.size or np.all(np.isnan(scores)):
+  finite = np.isfinite(scores)
+  if not finite.any():
     return None
-  return int(np.argmax(np.where(np.isnan(scores), -np.inf, scores)))
+  return int(np.argmax(np.where(finite, scores, -np.inf)))
+
+
+def _stops(stop_key: jax.Array, stop_prob: float) -> bool:
+  """The stop coin of `threshold_search`: True with probability in [stop_prob, stop_prob + 2^-32).
+
+  Never below the accounted rate, since the bounds of `acc.ThresholdSelect`
+  (Liu & Talwar's 2 eps1 + 2 exp(-gamma T), Lemma 7 for a capped geometric
+  K) decrease in gamma. An exact integer comparison of 32 uniform bits: a
+  float32 uniform would round gamma to the 2^-23 grid.
+  """
+  return int(jax.random.bits(stop_key, dtype=jnp.uint32)) < math.ceil(stop_prob * 2.0 ** 32)
 
 
 def _threshold_keys(key: jax.Array, max_candidates: Optional[int]):
@@ -399,6 +413,6 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
       results.append(store.train(cands[-1:])[0])  # a stored candidate is read back, not trained
       if not math.isnan(results[-1].score) and results[-1].score >= threshold:
         return _released(prepared, delta, cands, results, len(cands) - 1, release_all_scores)
-      if bool(jax.random.bernoulli(stop_key, stop_prob)):
+      if _stops(stop_key, stop_prob):
         break
   return _released(prepared, delta, cands, results, None, release_all_scores)

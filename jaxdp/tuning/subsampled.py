@@ -2,7 +2,9 @@
 
 `subsampled_search` is their Algorithm 1:
 
-  1. Poisson-sample the tuning subset X1 from the training set X with rate q;
+  1. Poisson-sample the tuning subset X1 from the training set X with rate q
+     (the exact sampler of `jaxdp.train.sampling`: never above q; X1 or the
+     final set may come out empty, and the runs on it are then noise only);
   2. run the Papernot-Steinke private random search (K ~ `repetitions`) on X1
      with the batched sweep engine;
   3. extrapolate the selected hyperparameters to the final training set with
@@ -40,6 +42,7 @@ from jaxdp import accounting as acc
 from jaxdp.data import Dataset
 from jaxdp.sweep.space import SearchSpace
 from jaxdp.train import TrainConfig, train_candidate
+from jaxdp.train.sampling import poisson_mask
 from jaxdp.tuning import _args
 from jaxdp.tuning import durable
 from jaxdp.tuning import planning
@@ -86,7 +89,8 @@ class SubsampledResult:
     test_score: the final model's public test score (NaN if it diverged).
     num_candidates: K, candidates trained on X1.
     subset_size: m = round(q N), the declared size of X1 (public; X1's actual
-      size is `subset_mask.sum()`, private).
+      size is `subset_mask.sum()`, private, and may be 0: the candidates then
+      train on noise only, as does the final run on an empty final set).
     final_train_size: n, the declared size of the final training set
       (N - m for variant 1, N for variant 2).
     variant: 1 or 2.
@@ -134,10 +138,12 @@ def _check_variant(variant) -> int:
 
 
 def _split(data: Dataset, mask: np.ndarray, name: str, num_examples: int) -> Dataset:
-  """The rows of `mask`, declared to hold the public `num_examples` (never the count drawn)."""
-  train = jax.tree.map(lambda leaf: np.asarray(leaf)[mask], data.train)
-  return Dataset(name=f"{data.name}[{name}]", train=train, test=data.test,
-                 num_examples=num_examples, num_classes=data.num_classes)
+  """The rows of `mask`, declared to hold the public `num_examples` (never the count drawn).
+
+  `mask` may select no row (an empty Poisson draw): the split then holds zero
+  rows, and every DP-SGD step on it sums no gradient and adds the noise.
+  """
+  return data.with_train_rows(mask, num_examples=num_examples, name=f"{data.name}[{name}]")
 
 
 def declared_sizes(num_examples: int, q: float, variant: int) -> tuple[int, int]:
@@ -228,7 +234,9 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
     A `SubsampledResult`.
 
   Raises:
-    ValueError: bad arguments, or q N too small or too large for a subset and a final set.
+    ValueError: bad arguments, or q N too small or too large for declared
+      sizes m, n >= 1 (from the public N and q alone). Never after the
+      subset is drawn: an empty subset or final set is a valid outcome.
 
   Example:
     res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data, q=0.2,
@@ -332,12 +340,19 @@ def _final_run(args: _Checked, final_config: TrainConfig, final_mask: np.ndarray
 
 
 def _draw_subset(args: _Checked, subset_key: jax.Array) -> tuple[np.ndarray, np.ndarray]:
-  """(X1's mask, the final set's mask): each example joins X1 independently w.p. q (KK Alg. 1)."""
-  rows = args.data.num_train_rows
-  mask = np.asarray(jax.random.bernoulli(subset_key, args.q, (rows,)))
+  """(X1's mask, the final set's mask): each example joins X1 independently (KK Alg. 1).
+
+  Guarantees:
+    Each row joins X1 independently with probability floor(q 2**32) / 2**32,
+    in (q - 2**-32, q]: never above the q that is accounted
+    (`jaxdp.train.sampling.poisson_mask` with the Python float q: an exact
+    integer comparison of 32 uniform bits). A float32 uniform compared with q
+    would realise q rounded *up* to the 2**-23 grid: 0.30000007 for q = 0.3,
+    1.19e-7 for q = 1e-7. Either set may be empty (probability (1 - q)^rows
+    and, for variant 1, q^rows): that is an outcome of the mechanism, whose
+    runs on the empty set are noise only, and nothing here raises, so
+    whether the call fails never depends on the draw.
+  """
+  mask = np.asarray(poisson_mask(subset_key, args.data.num_train_rows, args.q))
   final_mask = ~mask if args.variant == 1 else np.ones_like(mask)
-  if not mask.any() or not final_mask.any():
-    # Probability (1 - q)^rows or q^rows: arrays cannot have zero rows.
-    raise ValueError(f"q={args.q!r} drew an empty tuning subset or an empty final set from {rows} "
-                     "rows; use a larger data set or a q further from 0 and 1")
   return mask, final_mask

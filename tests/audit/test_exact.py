@@ -7,6 +7,7 @@ import pytest
 from scipy import integrate, special, stats
 
 from jaxdp import accounting as acc
+from jaxdp.audit import exact
 from jaxdp.audit.exact import GadgetProfile
 from jaxdp.train.noise import round_up_float32
 
@@ -30,8 +31,8 @@ def test_one_candidate_is_a_gaussian_mechanism_on_half_the_draws():
   assert hi - lo < 1e-3  # the stated numerical error of the default grid
 
 
-def _delta_by_quadrature(sigma, dist, eps, arms=2):
-  """delta_{D'||D}(eps) by adaptive quadrature of the release density (an independent check)."""
+def _delta_by_quadrature(sigma, dist, eps, arms=2, forward=True):
+  """delta_{D'||D}(eps) (forward) or delta_{D||D'}(eps) by adaptive quadrature of the release density."""
   p1 = 1.0 - 1.0 / arms
   f0 = lambda s: special.ndtr(s / sigma)
   f1 = lambda s: (1 - p1) * special.ndtr(s / sigma) + p1 * special.ndtr((s - 1) / sigma)
@@ -40,7 +41,8 @@ def _delta_by_quadrature(sigma, dist, eps, arms=2):
   for c, pc in ((0, 1 - p1), (1, p1)):
     dens1 = lambda s: pc * stats.norm.pdf(s - c, scale=sigma) * g(f1(s))
     dens0 = lambda s: pc * stats.norm.pdf(s, scale=sigma) * g(f0(s))
-    total += integrate.quad(lambda s: max(dens1(s) - math.exp(eps) * dens0(s), 0.0), -8 * sigma,
+    p, q = (dens1, dens0) if forward else (dens0, dens1)
+    total += integrate.quad(lambda s: max(p(s) - math.exp(eps) * q(s), 0.0), -8 * sigma,
                             1 + 8 * sigma, limit=400, epsabs=1e-14, epsrel=1e-10, points=[0.5, 1.0])[0]
   return total
 
@@ -54,6 +56,36 @@ def test_the_bracket_contains_the_quadrature_of_the_density(dist, eps):
   quad = _delta_by_quadrature(profile.noise_multiplier, dist, eps)
   assert lower <= quad * (1 + 1e-6) + 1e-15 and quad <= upper * (1 + 1e-6) + 1e-15, (lower, quad, upper)
   assert upper - lower <= 0.02 * upper + 1e-12  # 20,000 cells already bracket it tightly
+
+
+@pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")  # kinks of (.)_+: tolerance is ours
+@pytest.mark.parametrize("dist", [acc.Fixed(4), acc.Poisson(mean=3)], ids=repr)
+def test_each_direction_is_bracketed(dist):
+  # D || D' is the smaller side here, so `deltas` (the larger) never shows it: check it on its own.
+  profile = GadgetProfile(SIGMA, dist, cells=20_000)
+  for eps in (0.2, 1.0):
+    for (lower, upper), forward in zip(profile.direction_deltas(eps), (True, False)):
+      quad = _delta_by_quadrature(profile.noise_multiplier, dist, eps, forward=forward)
+      assert lower <= quad * (1 + 1e-6) + 1e-15 and quad <= upper * (1 + 1e-6) + 1e-15, (eps, forward, lower, quad)
+      assert upper - lower <= 0.02 * upper + 1e-12
+
+
+def test_the_assumed_accuracy_of_ndtr_and_of_the_laws_holds():
+  # The bracket's rounding allowance assumes ndtr within NDTR_RTOL and pgf_derivative within
+  # PGF_RTOL max(1, E[K]) (relative): measured here against 30-digit mpmath.
+  mpmath = pytest.importorskip("mpmath")
+  with mpmath.workdps(30):  # not mp.dps = 30: that would outlive the test
+    xs = np.linspace(-37.0, 8.0, 1501)
+    got = special.ndtr(xs)
+    worst = max(float(abs(g - mpmath.ncdf(x)) / mpmath.ncdf(x)) for x, g in zip(xs, got))
+    assert worst <= exact.NDTR_RTOL, worst
+    us = np.concatenate([np.linspace(0.0, 1.0, 201), np.logspace(-30, -1, 30), 1 - np.logspace(-15, -1, 15)])
+    closed = {acc.Poisson(mean=4): lambda x: 4 * mpmath.exp(4 * (x - 1)), acc.Fixed(4): lambda x: 4 * x**3,
+              acc.Geometric(mean=4): lambda x: mpmath.mpf(0.25) / (1 - mpmath.mpf(0.75) * x) ** 2}
+    for law, want in closed.items():
+      got = law.pgf_derivative(us)
+      worst = max(float(abs(g - want(mpmath.mpf(u))) / want(mpmath.mpf(u))) for u, g in zip(us, got) if want(u) > 0)
+      assert worst <= exact.PGF_RTOL * max(1.0, law.mean), (law, worst)
 
 
 @pytest.mark.parametrize("dist", LAWS, ids=repr)

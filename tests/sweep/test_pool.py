@@ -14,6 +14,8 @@ import pytest
 import jaxdp
 from jaxdp.sweep import (PoolLockedError, PoolMismatchError, ResultPool, SearchSpace, grid_candidates,
                          run_sweep)
+from jaxdp.sweep.pool import SearchMismatchError
+from jaxdp.sweep.space import KEY_DERIVATION
 
 FP = {"sweep": "test", "version": 1}
 # Subprocesses import the jaxdp this test imported.
@@ -44,6 +46,60 @@ def test_refuses_a_directory_of_another_sweep(tmp_path):
   ResultPool(tmp_path, FP).close()
   with pytest.raises(PoolMismatchError, match="differs in: version"):
     ResultPool(tmp_path, {"sweep": "test", "version": 2})
+
+
+def test_the_mismatch_names_where_a_fingerprint_differs(tmp_path):
+  ResultPool(tmp_path, {"configs": [{"sigma": 1.0, "lr": 0.1}]}).close()
+  with pytest.raises(SearchMismatchError,
+                     match=r"differs in: configs; configs\[0\]\['sigma'\]: stored 1.0, now 1.5\)"):
+    ResultPool(tmp_path, {"configs": [{"sigma": 1.5, "lr": 0.1}]})
+
+
+def test_the_mechanism_is_recorded_per_point_and_a_change_is_refused(tmp_path):
+  events = {"dp_events": {'{"lr":1}': "Gaussian(1.0)"}, "programs": {'{"lr":1}': "a" * 64}}
+  with ResultPool(tmp_path, FP, mechanism=events) as pool:
+    pool.append([{"id": "c1", "point": {"lr": 1}, "dp_event": "Gaussian(1.0)"}])
+  changed = {"dp_events": {'{"lr":1}': "Gaussian(100.0)"}, "programs": {'{"lr":1}': "b" * 64}}
+  with pytest.raises(SearchMismatchError, match=(
+      r"differs in: dp_events, programs; dp_events at grid point \{\"lr\":1\}: stored "
+      r"'Gaussian\(1.0\)', now 'Gaussian\(100.0\)'; programs at grid point .*: stored sha256 "
+      r"aaaaaaaaaaaaaaaa\.\.\., now bbbbbbbbbbbbbbbb\.\.\.")):
+    ResultPool(tmp_path, FP, mechanism=changed)
+  # Another point is added (a sweep may grow), and is then held to its mechanism too.
+  more = {"dp_events": {'{"lr":2}': "Gaussian(2.0)"}}
+  ResultPool(tmp_path, FP, mechanism=more).close()
+  assert json.loads((tmp_path / "manifest.json").read_text())["jaxdp_mechanism"]["dp_events"] == {
+      '{"lr":1}': "Gaussian(1.0)", '{"lr":2}': "Gaussian(2.0)"}
+  with pytest.raises(SearchMismatchError, match="differs in: dp_events; "):
+    ResultPool(tmp_path, FP, mechanism={"dp_events": {'{"lr":2}': "Gaussian(3.0)"}}, read_only=True)
+  # A reader that names no mechanism checks none; the records are checked against the manifest.
+  assert ResultPool(tmp_path, FP, read_only=True).done_ids() == {"c1"}
+
+
+def test_a_record_whose_event_is_not_its_points_is_refused(tmp_path):
+  with ResultPool(tmp_path, FP, mechanism={"dp_events": {'{"lr":1}': "Gaussian(1.0)"}}) as pool:
+    pool.append([{"id": "c1", "point": {"lr": 1}, "dp_event": "Gaussian(9.0)"}])
+  with pytest.raises(SearchMismatchError, match=r"dp_event of stored candidate c1; .*stored "
+                                                r"'Gaussian\(9.0\)', now 'Gaussian\(1.0\)'"):
+    ResultPool(tmp_path, FP, read_only=True)
+
+
+@pytest.mark.parametrize("fingerprint,mechanism,match", [
+    ({"jaxdp_mechanism": 1}, None, "reserved key 'jaxdp_mechanism'"),
+    (FP, {"events": {}}, "mechanism must be None or a mapping part"),
+    (FP, {"dp_events": {"p": 1.0}}, "mechanism must be None or a mapping part"),
+])
+def test_bad_mechanism_or_reserved_key(tmp_path, fingerprint, mechanism, match):
+  with pytest.raises(ValueError, match=match):
+    ResultPool(tmp_path, fingerprint, mechanism=mechanism)
+
+
+def test_refuses_a_pool_of_the_previous_format(tmp_path):
+  # Format 3 recorded no mechanism: what its candidates computed cannot be checked.
+  (tmp_path / "manifest.json").write_text(json.dumps(dict(FP, jaxdp_pool={
+      "format": 3, "candidate_keys": KEY_DERIVATION})))
+  with pytest.raises(PoolMismatchError, match="pool format/key derivation"):
+    ResultPool(tmp_path, FP)
 
 
 def test_refuses_a_pool_made_with_the_old_seed_only_keys(tmp_path):

@@ -3,7 +3,12 @@
 Every comparison is against `clipping.clipped_grad_sum` (per-example
 gradients materialised by vmap) in float32 with rtol 1e-5, atol 1e-6: the
 two paths compute the same sums in a different order (and the norms by the
-Gram or direct formula), so they agree to rounding, not bit for bit.
+Gram or direct formula), so they agree to rounding, not bit for bit. Each
+path clips against its own rigorous upper bound of an example's norm, with
+rounding (`jaxdp.train.clipping`), so a clipped example adds C (1 - s) with a
+slack s that differs between them: at most CLIP_SLACK here (measured up to
+8e-5 for the Gram form of the Opacus CNN, 5e-6 on the vmap path); the
+comparisons allow each example's clipped gradient to differ by that much.
 """
 
 import functools
@@ -20,6 +25,7 @@ from jaxdp.train import clipping, presets
 from jaxdp.train.ghost import ghost_clipped_grad_sum, ghost_layers
 
 RTOL, ATOL = 1e-5, 1e-6
+CLIP_SLACK = 2e-4
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -28,18 +34,26 @@ def _both(loss_fn, params, batch, mask, relative_clip):
   grads, _ = clipping.per_example_grads(loss_fn, params, batch)
   norms = clipping.per_example_global_norms(grads)
   clip = relative_clip * jnp.median(jnp.where(jnp.isfinite(norms), norms, 0.0))
+  # sum_i |w_i g_i| per coordinate (w_i = min(1, C / ||g_i||), unmasked finite rows): how far
+  # the two paths' sums may move apart when each clipped example shrinks by CLIP_SLACK.
+  factors = jnp.where(mask & jnp.isfinite(norms), jnp.minimum(1.0, clip / norms), 0.0)
+  mass = jax.tree.map(lambda g: jnp.tensordot(factors, jnp.abs(jnp.where(
+      jnp.isfinite(g), g, 0.0)), axes=1), grads)
   return (clipping.clipped_grad_sum(loss_fn, params, batch, mask, clip),
-          ghost_clipped_grad_sum(loss_fn, params, batch, mask, clip), norms, clip)
+          ghost_clipped_grad_sum(loss_fn, params, batch, mask, clip), norms, clip, mass)
 
 
 def _assert_same(loss_fn, params, batch, mask, relative_clip=1.0):
-  (want, want_count), (got, got_count), norms, clip = _both(loss_fn, params, batch, mask,
-                                                            relative_clip)
+  (want, want_count), (got, got_count), norms, clip, mass = _both(loss_fn, params, batch, mask,
+                                                                  relative_clip)
   assert jax.tree.structure(got) == jax.tree.structure(want)
-  for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
+  for (path, w), g, m in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got),
+                             jax.tree.leaves(mass)):
     assert g.shape == w.shape and g.dtype == w.dtype, jax.tree_util.keystr(path)
     assert np.all(np.isfinite(g)), jax.tree_util.keystr(path)
-    np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_array_less(np.abs(np.asarray(g) - np.asarray(w)),
+                                 RTOL * np.abs(np.asarray(w)) + ATOL + CLIP_SLACK * np.asarray(m),
+                                 err_msg=jax.tree_util.keystr(path))
   assert got_count.dtype == jnp.float32 and got_count == want_count == np.sum(mask)
   return norms, clip
 

@@ -38,7 +38,7 @@ def no_work(monkeypatch):
   monkeypatch.setattr(subsampled, "train_candidate", started("final model trained"))
   monkeypatch.setattr(trainer, "train_candidate", started("a candidate trained"))
   monkeypatch.setattr(trainer, "compiled", started("a candidate program compiled"))
-  monkeypatch.setattr(subsampled.jax.random, "bernoulli", started("subset drawn"))
+  monkeypatch.setattr(subsampled, "poisson_mask", started("subset drawn"))
 
 
 # --- A user's own task (issue 12): every tuner must take it like a preset. ---
