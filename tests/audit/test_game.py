@@ -59,6 +59,7 @@ def test_gadget_scores_are_the_gaussian_mechanism(gadget_audit):
   assert np.median(shifted) - np.median(released) > 0.5
 
 
+@pytest.mark.slow  # 11 s of searches; the suite's 5-minute budget (CI runs the slow set)
 def test_the_non_private_search_leaks(two_devices):
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
