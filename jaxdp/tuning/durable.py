@@ -12,10 +12,10 @@ draw of the same mechanism.
 
 So a rerun that would be another draw, or the same draw of another
 mechanism, is refused before anything trains: the pool's manifest holds the
-search's fingerprint (tuner, key, grid and every configuration, the law of K
-and the other accounted arguments, a sha256 of the data and the jaxdp
-version) and its mechanism, per grid point: the candidates' DpEvent (the DP
-score's included) and the digest of the program they run
+search's fingerprint (tuner, key, grid, the law of K and the other accounted
+arguments, a sha256 of the data and the jaxdp version) and its mechanism,
+per grid point: the configuration, the candidates' DpEvent (the DP score's
+included) and the digest of the program they run
 (`jaxdp.train.digest`: model, loss, score, optimizer, clipping path,
 trainable set, as traced now). Any difference raises `SearchMismatchError`
 naming the part ("differs in: dp_events", "programs", "configs", ...). A
@@ -55,7 +55,7 @@ def search_fingerprint(tuner: str, space: SearchSpace, data: Dataset, key: jax.A
                        **accounted: Any) -> dict:
   """What a search is: a pool made for any other fingerprint is refused.
 
-  What its candidates compute (each configuration's DpEvent and program
+  What its candidates compute (each configuration, its DpEvent and program
   digest) is recorded beside it, per grid point: `search_mechanism`.
 
   Args:
@@ -81,8 +81,8 @@ def search_fingerprint(tuner: str, space: SearchSpace, data: Dataset, key: jax.A
 
 
 def search_mechanism(space: SearchSpace, data: Dataset) -> dict:
-  """What the candidates of `space` compute on `data`, per grid point: their DpEvent and the
-  digest of their program (`jaxdp.sweep.space.mechanism_record`). The pool records it beside
+  """What the candidates of `space` compute on `data`, per grid point: their configuration,
+  DpEvent and program digest (`jaxdp.sweep.space.mechanism_record`). The pool records it beside
   the fingerprint; a resume that differs in it is refused."""
   return mechanism_record(zip(space.points, space.configs), data)
 
