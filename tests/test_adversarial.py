@@ -54,9 +54,11 @@ import dp_accounting
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import mpmath
 import numpy as np
 import optax
 import pytest
+import ray
 from scipy import integrate, optimize, special
 
 import jaxdp
@@ -84,57 +86,25 @@ RTOL = 1e-4
 HONEST = 4
 
 
-class Sequence(nn.Module):
-  """Dense over T positions: T (d_in + d_out) < d_in d_out, the Gram form."""
+class Dense(nn.Module):
+  """One flax Dense layer (its form follows from the input's shape: see MODELS)."""
+  features: int
+  use_bias: bool = True
+
   @nn.compact
   def __call__(self, x):
-    return nn.Dense(8, use_bias=False)(x)
+    return nn.Dense(self.features, use_bias=self.use_bias)(x)
 
 
-class SequenceBias(nn.Module):
+class Conv(nn.Module):
+  """One flax Conv layer."""
+  features: int
+  kernel: tuple
+  use_bias: bool = True
+
   @nn.compact
   def __call__(self, x):
-    return nn.Dense(8)(x)
-
-
-class OnePosition(nn.Module):
-  """T = 1: ||r||^2 ||g||^2."""
-  @nn.compact
-  def __call__(self, x):
-    return nn.Dense(8)(x)
-
-
-class OnePositionNoBias(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    return nn.Dense(8, use_bias=False)(x)
-
-
-class Scalar(nn.Module):
-  """y = w x: the issue's one-position underflow (r = 9e-20, g = 1.5e19) in one weight."""
-  @nn.compact
-  def __call__(self, x):
-    return nn.Dense(1, use_bias=False)(x)
-
-
-class Direct(nn.Module):
-  """T (d_in + d_out) > d_in d_out: R^T G materialised."""
-  @nn.compact
-  def __call__(self, x):
-    return nn.Dense(2)(x)
-
-
-class Conv1x1(nn.Module):
-  """A 1x1 convolution over two pixels (the issue's second case)."""
-  @nn.compact
-  def __call__(self, x):
-    return nn.Conv(8, (1, 1), use_bias=False)(x)
-
-
-class Conv3x3(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    return nn.Conv(4, (3, 3), padding="SAME")(x)
+    return nn.Conv(self.features, self.kernel, padding="SAME", use_bias=self.use_bias)(x)
 
 
 class JaxdpConv(nn.Module):
@@ -159,14 +129,19 @@ class LoRAConvolution(nn.Module):
 
 # name -> (module, one example's input shape)
 MODELS = {
-    "dense-gram": (Sequence(), (2, 8)),
-    "dense-gram-bias": (SequenceBias(), (2, 8)),
-    "dense-one-position": (OnePosition(), (8,)),
-    "dense-one-position-no-bias": (OnePositionNoBias(), (8,)),
-    "dense-scalar": (Scalar(), (1,)),
-    "dense-direct": (Direct(), (8, 2)),
-    "conv-1x1-two-pixels": (Conv1x1(), (1, 2, 8)),
-    "conv-3x3": (Conv3x3(), (4, 4, 2)),
+    # Dense over T = 2 positions, T (d_in + d_out) < d_in d_out: the Gram form.
+    "dense-gram": (Dense(8, use_bias=False), (2, 8)),
+    "dense-gram-bias": (Dense(8), (2, 8)),
+    # T = 1: ||r||^2 ||g||^2.
+    "dense-one-position": (Dense(8), (8,)),
+    "dense-one-position-no-bias": (Dense(8, use_bias=False), (8,)),
+    # y = w x: the issue's one-position underflow (r = 9e-20, g = 1.5e19) in one weight.
+    "dense-scalar": (Dense(1, use_bias=False), (1,)),
+    # T (d_in + d_out) > d_in d_out: R^T G materialised.
+    "dense-direct": (Dense(2), (8, 2)),
+    # A 1x1 convolution over two pixels (the issue's second case).
+    "conv-1x1-two-pixels": (Conv(8, (1, 1), use_bias=False), (1, 2, 8)),
+    "conv-3x3": (Conv(4, (3, 3)), (4, 4, 2)),
     "conv2d-im2col": (JaxdpConv("im2col"), (4, 4, 2)),
     "conv2d-native": (JaxdpConv("native"), (4, 4, 2)),
     "lora-dense": (LoRASequence(), (2, 8)),
@@ -1159,7 +1134,6 @@ def test_run_sweep_grows_by_points_and_seeds_of_the_same_mechanism(data, tmp_pat
 
 
 def test_the_ray_backend_is_refused_on_the_driver_before_dispatching(swept, data):
-  ray = pytest.importorskip("ray")
   from jaxdp.sweep.ray_backend import train_candidates_ray  # pylint: disable=g-import-not-at-top
   assert not ray.is_initialized()
   with pytest.raises(durable.SearchMismatchError, match="differs in: dp_events, programs"):
@@ -1312,7 +1286,6 @@ def test_the_claimed_deltas_hold_the_true_delta(sigma, law, arms):
 def test_the_reference_agrees_with_30_digit_quadrature(sigma, law, arms, eps):
   # The float64 reference is what the bracket is judged by: mpmath at 30 digits, tanh-sinh
   # between the same roots, must agree with it to 1e-12 (the margins above are 4e-8 and more).
-  mpmath = pytest.importorskip("mpmath")
   with mpmath.workdps(30):  # not mp.dps = 30: that would outlive the test
     worst = _worst_against_mpmath(mpmath, sigma, law, arms, eps)
   assert worst <= 1e-12, worst  # 1.2e-14 measured

@@ -261,7 +261,8 @@ def per_example_global_norms(grads: PyTree) -> jax.Array:
   return jnp.sqrt(sq)
 
 
-def _rows(weights: jax.Array, g: jax.Array) -> jax.Array:
+def _per_row(weights: jax.Array, g: jax.Array) -> jax.Array:
+  """`weights` (b,) shaped to broadcast over the rows of g (b, ...)."""
   return weights.reshape((-1,) + (1,) * (g.ndim - 1))
 
 
@@ -291,7 +292,7 @@ def clip_per_example(grads: PyTree, l2_clip_norm: jax.Array) -> tuple[PyTree, ja
 
   def clip(g):
     g = g.astype(jnp.promote_types(g.dtype, jnp.float32))
-    return jnp.where(_rows(weight, g) > 0, g * _rows(weight, g).astype(g.dtype), 0.0)
+    return jnp.where(_per_row(weight, g) > 0, g * _per_row(weight, g).astype(g.dtype), 0.0)
   clipped = [clip(g) for g in leaves]
   return treedef.unflatten(clipped), per_example_global_norms(grads)
 
@@ -321,7 +322,7 @@ def weighted_sum(grads: PyTree, weights: jax.Array, norms: jax.Array | None = No
 
   def sanitised():
     keep = weights > 0
-    return dot(jax.tree.map(lambda g: jnp.where(_rows(keep, g), g, 0.0), grads))
+    return dot(jax.tree.map(lambda g: jnp.where(_per_row(keep, g), g, 0.0), grads))
 
   if norms is None:
     norms = per_example_global_norms(grads)

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -474,8 +473,9 @@ class _KernelPart(NamedTuple):
   per_example: Any  # (b, d_in, d_out) R_i^T G_i (direct form), else None
 
 
-def _kernel_part(call: _Call, inputs: jax.Array, cots: jax.Array) -> _KernelPart:
-  """The kernel part of one ghost call from its per-example inputs and cotangents G (b, T, d_out).
+def _kernel_part(call: _Call, inputs: jax.Array, cots: jax.Array, d_in: int) -> _KernelPart:
+  """The kernel part of one ghost call from its per-example inputs and cotangents G (b, T, d_out);
+  d_in is the kernel's size over d_out (a row's length).
 
   Let R (b, T, d_in) be the rows, S = sum_t ||r_t|| ||g_t|| and K = b T.
 
@@ -510,13 +510,11 @@ def _kernel_part(call: _Call, inputs: jax.Array, cots: jax.Array) -> _KernelPart
 
   A row holding a non-finite value gets a NaN bound (it then contributes 0).
   """
-  b = cots.shape[0]
-  t, d_out = cots.shape[1], cots.shape[2]
-  if t > 1 and _gram_shape(call, inputs, cots):
+  b, t, d_out = cots.shape
+  if t > 1 and _uses_gram(t, d_in, d_out):
     return _gram_part(call, inputs, cots)
   rows = _rows(call, inputs).astype(jnp.promote_types(inputs.dtype, jnp.float32))
   cots = cots.astype(jnp.promote_types(cots.dtype, jnp.float32))
-  d_in = rows.shape[2]
   if t > 1:
     per_example = jnp.einsum("btk,bto->bko", rows, cots, precision=_HIGHEST)
     return _KernelPart(bound=clipping.gradient_bound([per_example], terms=b), rows=None, cots=None,
@@ -527,12 +525,6 @@ def _kernel_part(call: _Call, inputs: jax.Array, cots: jax.Array) -> _KernelPart
   bound = clipping.NormBound(exponent=jnp.zeros((b,), jnp.int32), norm=norm,
                              share=clipping.gamma(b + 1) * norm)
   return _KernelPart(bound=bound, rows=rows, cots=cots, per_example=None)
-
-
-def _gram_shape(call: _Call, inputs: jax.Array, cots: jax.Array) -> bool:
-  t, d_out = cots.shape[1], cots.shape[2]
-  d_in = jax.eval_shape(functools.partial(_rows, call), inputs).shape[2]
-  return _uses_gram(t, d_in, d_out)
 
 
 def _gram_part(call: _Call, inputs: jax.Array, cots: jax.Array) -> _KernelPart:
@@ -622,7 +614,9 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
   inputs, fallback_grads, cots = _per_example_pieces(loss_fn, leaves, treedef, ghost_calls,
                                                      fallback_idx, batch)
   cots = {j: c.reshape(b, -1, c.shape[-1]) for j, c in cots.items()}  # (b, T, d_out)
-  kernels = [_kernel_part(call, inputs[j], cots[j]) for j, call in enumerate(ghost_calls)]
+  # d_in: the kernel's size over d_out, a row's length (as in `_cost`).
+  kernels = [_kernel_part(call, inputs[j], cots[j], leaves[call.params["kernel"]].size // cots[j].shape[-1])
+             for j, call in enumerate(ghost_calls)]
   # A bias gradient sum_t g_t is materialised (b, d_out): its norm is that of the values summed.
   biases = {j: _bias_part(cots[j]) for j, call in enumerate(ghost_calls) if "bias" in call.params}
   bounds = [k.bound for k in kernels] + [bias.bound for bias in biases.values()]

@@ -2,6 +2,7 @@
 
 import math
 
+import mpmath
 import numpy as np
 import pytest
 from scipy import integrate, special, stats
@@ -73,7 +74,6 @@ def test_each_direction_is_bracketed(dist):
 def test_the_assumed_accuracy_of_ndtr_and_of_the_laws_holds():
   # The bracket's rounding allowance assumes ndtr within NDTR_RTOL and pgf_derivative within
   # PGF_RTOL max(1, E[K]) (relative): measured here against 30-digit mpmath.
-  mpmath = pytest.importorskip("mpmath")
   with mpmath.workdps(30):  # not mp.dps = 30: that would outlive the test
     xs = np.linspace(-37.0, 8.0, 1501)
     got = special.ndtr(xs)
