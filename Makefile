@@ -40,22 +40,23 @@ test-slow: venv
 test-cpu-paths: venv
 	$(AVX2_PATHS) $(PYTEST) $(TESTS)
 
+# The figures launch from experiments/ (each script holds its figure's profiles; see experiments/README.md).
 # The main job: Papernot-Steinke Fig. 7 (and Koskela-Kulkarni Fig. 7), PROFILE=quick|paper.
 reproduce-fig7: venv
-	$(PY) -m jaxdp.experiments.fig7 --profile $(PROFILE) --out $(OUT)
-	$(PY) -m jaxdp.experiments.kk_fig7 --profile $(PROFILE) --out $(OUT)
+	$(PY) experiments/fig7.py --profile $(PROFILE) --out $(OUT)
+	$(PY) experiments/kk_fig7.py --profile $(PROFILE) --out $(OUT)
 
 reproduce-fig1: venv
-	$(PY) -m jaxdp.experiments.fig1 --out $(OUT)
+	$(PY) experiments/fig1.py --out $(OUT)
 
 figures-analytic: venv
-	$(PY) -m jaxdp.experiments.analytic_figures --out $(OUT)
+	$(PY) experiments/analytic_figures.py --out $(OUT)
 
 figures-profiles: venv
-	$(PY) -m jaxdp.experiments.profile_figures --out $(OUT)
+	$(PY) experiments/profile_figures.py --out $(OUT)
 
 figures-subsampled: venv
-	$(PY) -m jaxdp.experiments.kk_fig1 --out $(OUT)
+	$(PY) experiments/kk_fig1.py --out $(OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -71,3 +71,21 @@ def real_array(name: str, values: Any, *, low=None, low_open=False,
       rng = _fmt_range(low, None, low_open, True)
       raise ValueError(f"every entry of {name} must be in {rng}, got {bad[0]!r}")
   return arr
+
+
+def prng_key(name: str, value: Any, *, raw_ok: bool = False) -> Any:
+  """`value` after checking it is one JAX PRNG key: a typed key of shape () from
+  `jax.random.key(seed)` (with `raw_ok`, also a legacy uint32 key of shape (2,)).
+
+  One key, not a batch: a batch of keys would silently broadcast.
+  """
+  import jax  # pylint: disable=g-import-not-at-top  (the accounting layer never needs it)
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  typed = isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key)
+  raw = (raw_ok and isinstance(value, jax.Array) and value.dtype == jnp.uint32
+         and value.shape[-1:] == (2,))
+  if not (typed or raw):
+    raise ValueError(f"{name} must be a typed PRNG key from jax.random.key(seed), got {value!r}")
+  if typed and value.shape != ():
+    raise ValueError(f"{name} must be a single PRNG key of shape (), got shape {value.shape}")
+  return value

@@ -1,8 +1,8 @@
 """The `jaxdp` command line.
 
-  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,epochs=60 \
+  jaxdp account --base dpsgd:q=256/60000,sigma=1.1,epochs=60 \
                 --repeat poisson:mean=10 --delta 1e-5 [--method rdp] [--json]
-  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,epochs=60 --plan 8
+  jaxdp account --base dpsgd:q=256/60000,sigma=1.1,epochs=60 --plan 8
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import math
 import sys
 from typing import Optional, Sequence
 
@@ -22,8 +23,11 @@ _BASE_HELP = """\
 base mechanism (one candidate run), NAME:key=value,...
   dpsgd:q=Q,sigma=S,steps=T     DP-SGD: T steps of the Poisson-subsampled
                                 Gaussian (sampling rate Q, noise multiplier S);
-                                epochs=E may replace steps (steps = ceil(E/Q),
-                                the trainer's rule)
+                                Q in (0, 1], or b/N: expected batch b of N
+                                examples, 0 < b <= N (q=256/60000 is exactly
+                                256 / 60000, as in Python); epochs=E may
+                                replace steps (steps = ceil(E/Q), the
+                                trainer's rule, jaxdp.accounting.dpsgd_steps)
   gaussian:sigma=S              Gaussian mechanism, noise multiplier S
   pure:eps=E                    pure E-DP
   zcdp:rho=R                    R-zero-concentrated DP"""
@@ -46,11 +50,32 @@ def _parse_spec(spec: str, what: str) -> tuple[str, dict]:
     key, sep, value = item.partition("=")
     if not sep:
       raise ValueError(f"--{what}: expected key=value in {spec!r}, got {item!r}")
+    key = key.strip()
+    if "/" in value and key == "q":
+      params[key] = _fraction(f"{what} {name.strip().lower()}", key, value)
+      continue
     try:
-      params[key.strip()] = float(value)
+      params[key] = float(value)
     except ValueError:
       raise ValueError(f"--{what}: {key}={value!r} is not a number") from None
   return name.strip().lower(), params
+
+
+def _fraction(what: str, key: str, value: str) -> float:
+  """q=b/N as the Python float b / N: the rate a Python user writes as 256 / 60000.
+
+  A rounded decimal (0.004267) is a different rate, hence a different step
+  count and epsilon from the Python example's.
+  """
+  num, _, den = value.partition("/")
+  valid = "a rate in (0, 1] or a fraction b/N of an expected batch b and a data set size N, 0 < b <= N"
+  try:
+    b, n = float(num), float(den)
+  except ValueError:
+    raise ValueError(f"--{what}: {key}={value!r} is not a number; {key} must be {valid}") from None
+  if not (math.isfinite(b) and math.isfinite(n) and 0 < b <= n):
+    raise ValueError(f"--{what}: {key}={value!r} (b={b:g}, N={n:g}) is out of range; {key} must be {valid}")
+  return b / n
 
 
 def _build(spec: str, what: str, builders: dict) -> object:
@@ -166,9 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
       description="Privacy of running a DP training K times and releasing only the best run.\n"
                   "Without --method, prints every method and marks the one 'best' uses.\n"
                   "With --plan EPS, prints for each family of K the most candidates EPS affords.",
-      epilog="examples:\n  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,epochs=60 "
+      epilog="examples (60 epochs of MNIST, expected batch 256 of 60000):\n"
+             "  jaxdp account --base dpsgd:q=256/60000,sigma=1.1,epochs=60 "
              "--repeat poisson:mean=10 --delta 1e-5\n"
-             "  jaxdp account --base dpsgd:q=0.004267,sigma=1.1,epochs=60 --plan 8")
+             "  jaxdp account --base dpsgd:q=256/60000,sigma=1.1,epochs=60 --plan 8")
   p.add_argument("--base", required=True, metavar="SPEC", help=_BASE_HELP)
   p.add_argument("--repeat", metavar="SPEC", help=_REPEAT_HELP)
   target = p.add_mutually_exclusive_group()

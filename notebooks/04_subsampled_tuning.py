@@ -178,8 +178,8 @@ for variant in variants:
     print(f"variant {variant}: subset of m = {res.subset_size} examples, K = {res.num_candidates} candidates")
     print(f"  selected on the subset: {res.tuned_hyperparameters} (subset-trained accuracy "
           f"{res.tuned_score:.3f})")
-    print(f"  final run on {res.final_train_size} examples with {res.final_hyperparameters} "
-          f"(learning rate x {res.learning_rate_factor:.2f}): test accuracy {res.test_score:.3f}")
+    print(f"  final run on {res.final_train_size} examples with {res.hyperparameters} "
+          f"(learning rate x {res.learning_rate_factor:.2f}): test accuracy {res.score:.3f}")
     print(f"  epsilon {res.epsilon:.3f} at delta {res.delta:g}; compute {res.gradient_evaluations:.0f} "
           f"vs {res.baseline_gradient_evaluations:.0f} gradient evaluations for the baseline "
           f"({res.compute_ratio:.2f}x less)")

@@ -32,6 +32,9 @@ if "google.colab" in sys.modules and not jaxdp_importable():
                            "(dist/jaxdp-*.whl) to /content, or a clone of the repository to /content/jaxdp, "
                            "then rerun this cell.")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", source], check=True)
+if "google.colab" in sys.modules and os.path.isdir("/content/jaxdp/experiments"):
+    # The figures' profiles live in the clone's experiments/ (not in the wheel).
+    os.environ.setdefault("JAXDP_EXPERIMENTS", "/content/jaxdp/experiments")
 
 # %%
 # JAXDP_NOTEBOOK_SMALL=1 shrinks the work so the notebook runs in seconds (the tests set it);

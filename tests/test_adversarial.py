@@ -67,13 +67,15 @@ from jaxdp.audit.exact import GadgetProfile
 from jaxdp.data import DataSplit, Dataset
 from jaxdp.models import layers as jaxdp_layers
 from jaxdp.models import lora
-from jaxdp.sweep import Candidate, SearchSpace, engine, grid_candidates, run_sweep
+from jaxdp.sweep import (Candidate, CandidateStore, SearchMismatchError, SearchPlan, SearchSpace, engine,
+                         grid_candidates, run_sweep)
+from jaxdp.train.run_plan import plan_runs
 from jaxdp.train import (CandidateResult, DpScore, ExecutionConfig, LoopOutput, LoopSpec, Model,
                          NoisyMean, NotPrivateWarning, Task, TrainConfig, clipping, init_params,
                          program, train_candidate, trainer)
 from jaxdp.train.ghost import ghost_clipped_grad_sum, ghost_layers
 from jaxdp.train.sampling import sampling_threshold
-from jaxdp.tuning import durable, random_search, subsampled, subsampled_search
+from jaxdp.tuning import random_search, subsampled, subsampled_search
 from jaxdp.tuning import search as search_lib
 
 
@@ -529,13 +531,14 @@ def test_trained_candidate_score_bounds_an_adversarial_validation_example(x):
 # ------------------------------------- selection: a non-finite score is the worst
 
 
-def test_selection_counts_a_non_finite_dp_score_as_the_worst():
+def test_selection_counts_a_non_finite_dp_score_as_the_worst(data):
   # A user's DpScore may return NaN or +-inf: the candidate then counts as
   # diverged (score NaN), and NaN ranks below every finite score. Which
   # candidate is released is a fixed function of the scores (post-processing).
   out = LoopOutput(params=None, steps=jnp.int32(5), finite=jnp.bool_(True))
+  (run,) = plan_runs([make_config()], data)
   for bad in (float("nan"), float("inf"), float("-inf")):
-    result = trainer.result_of(CONFIG, 40, out, bad, 0.0, 0.0, 0.0)
+    result = trainer.result_of(run, out, bad, 0.0, 0.0, 0.0)
     assert result.diverged and math.isnan(result.score)
 
   def scored(*scores):
@@ -677,7 +680,7 @@ def test_an_empty_tuning_subset_is_a_valid_outcome(small, small_config, two_devi
   assert math.isfinite(res.epsilon) and res.epsilon == _accounted(small_config, 0.03, 1)
   assert res.num_candidates >= 1 and res.tuned_hyperparameters is not None
   # The candidates trained on no row (noise only) still have a public test score.
-  assert math.isfinite(res.tuned_score) and math.isfinite(res.test_score)
+  assert math.isfinite(res.tuned_score) and math.isfinite(res.score)
   assert res.learning_rate_factor == pytest.approx((SMALL_ROWS - 1) / 1)
 
 
@@ -688,7 +691,7 @@ def test_an_empty_final_set_is_a_valid_outcome_and_trains_on_noise_only(small, s
   res = _subset_search(small_config, small, two_devices, q=0.97, seed=0)
   assert res.subset_mask.all() and res.final_train_size == 1
   assert math.isfinite(res.epsilon) and res.epsilon == _accounted(small_config, 0.97, 1)
-  assert math.isfinite(res.test_score)
+  assert math.isfinite(res.score)
   # The released model is the final run on zero rows, with the documented key.
   final_key = jax.random.split(jax.random.key(0), 3)[2]
   empty = subsampled._split(small, np.zeros(SMALL_ROWS, bool), "empty", 1)
@@ -820,11 +823,11 @@ def fake_trainer(trained: list):
   """A backend that trains nothing: it stores a made-up result per candidate, with parameters of
   the model's shapes (zeros). Refusals do not depend on how the stored results were made, and
   this keeps the tests here free of compilations; `test_a_real_search_...` trains for real."""
-  def trainer(candidates, data, *, on_chunk=None, keep_params=False, **kwargs):
+  def trainer(candidates, plan, *, on_chunk=None, keep_params=False, **kwargs):
     trained.extend(c.id for c in candidates)
     results = []
     for c in candidates:
-      shapes = program.param_shapes(program.LoopSpec.from_config(c.config, data), data.train)
+      shapes = plan.run_of(c.config).params
       results.append(CandidateResult(
           score=0.5, test_score=0.5, test_loss=1.0, steps=4, planned_steps=4, epsilon=1.0,
           delta=1e-5, diverged=False, wall_time_s=0.0,
@@ -880,12 +883,12 @@ def _with_momentum(name):
 def test_a_changed_traced_value_is_refused(name, data, tmp_path):
   config_changes, task_changes = CONFIG_CHANGES[name]
   _resume_search(_with_momentum(name), data, str(tmp_path), trainer=fake_trainer([]))
-  with pytest.raises(durable.SearchMismatchError, match=r"differs in: configs; configs at grid point"):
+  with pytest.raises(SearchMismatchError, match=r"differs in: configs; configs at grid point"):
     _resume_search(make_config(config_changes, **task_changes), data, str(tmp_path), trainer=refusing)
   sweep_dir = str(tmp_path / "sweep")
   first = grid_candidates(SearchSpace(_with_momentum(name), RESUME_GRID), seeds=[0])
   run_sweep(first, data, sweep_dir, SWEEP_FP, progress=False, trainer=fake_trainer([]))
-  with pytest.raises(durable.SearchMismatchError, match=r"differs in: configs; "):
+  with pytest.raises(SearchMismatchError, match=r"differs in: configs; "):
     run_sweep(grid_candidates(SearchSpace(make_config(config_changes, **task_changes), RESUME_GRID), seeds=[0]),
               data, sweep_dir, SWEEP_FP, progress=False, trainer=refusing)
 
@@ -914,7 +917,7 @@ def test_a_changed_mechanism_is_refused_before_anything_trains(name, finished, d
   run_dir, _ = finished
   change, parts = CHANGES[name]
   before = _files(run_dir)
-  with pytest.raises(durable.SearchMismatchError,
+  with pytest.raises(SearchMismatchError,
                      match=rf"differs in: {parts}; .*second search on the same data") as err:
     _resume_search(make_config(**change), data, run_dir, trainer=refusing)
   assert "grid point {\"learning_rate\":0.05}" in str(err.value)  # where it differs
@@ -923,7 +926,7 @@ def test_a_changed_mechanism_is_refused_before_anything_trains(name, finished, d
 
 def test_the_refusal_quotes_the_old_and_the_new_event(finished, data):
   run_dir, _ = finished
-  with pytest.raises(durable.SearchMismatchError) as err:
+  with pytest.raises(SearchMismatchError) as err:
     _resume_search(make_config(sigma=100.0), data, run_dir, trainer=refusing)
   assert "GaussianDpEvent(noise_multiplier=1.0)" in str(err.value)
   assert "GaussianDpEvent(noise_multiplier=100.0)" in str(err.value)
@@ -951,7 +954,7 @@ def test_a_real_search_resumes_bit_for_bit_and_refuses_the_issues_example(data, 
   _assert_same_release(again, first)
   # NoisyMean(noise_multiplier=100) would release the score computed with sigma = 1 and
   # report the epsilon of sigma = 100.
-  with pytest.raises(durable.SearchMismatchError, match="differs in: dp_events, programs; "):
+  with pytest.raises(SearchMismatchError, match="differs in: dp_events, programs; "):
     _resume_search(make_config(sigma=100.0), data, str(tmp_path), devices=two_devices, trainer=refusing)
   assert _files(tmp_path) == before
 
@@ -983,31 +986,34 @@ def test_a_stored_record_of_another_event_is_refused_naming_it(finished, data, t
       record["dp_event"] = record["dp_event"].replace("noise_multiplier=1.0)", "noise_multiplier=9.0)")
     return record
   _rewrite_records(run_dir, forge)
-  with pytest.raises(durable.SearchMismatchError, match=rf"dp_event of stored candidate {victim[0]}"):
+  with pytest.raises(SearchMismatchError, match=rf"dp_event of stored candidate {victim[0]}"):
     _resume_search(make_config(), data, run_dir, trainer=refusing)
 
 
 def test_a_stored_final_run_of_another_configuration_is_refused(data, tmp_path):
   # `train_lone` (the subsampled search's final model) checks its stored run too.
   config = make_config()
-  spec = program.LoopSpec.from_config(config, data)
-  zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), program.param_shapes(spec, data.train))
+  plan = SearchPlan.build(SearchSpace(config, {"learning_rate": [0.1]}), data)
+  (run,) = plan.runs
+  zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), run.params)
   ran = []
 
-  def run():
+  def train():
     ran.append(1)
     return CandidateResult(score=0.5, test_score=0.5, test_loss=1.0, steps=4, planned_steps=4,
                            epsilon=1.0, delta=1e-5, diverged=False, wall_time_s=0.0, params=zeros)
   fingerprint = {"search": "final"}
-  with durable.CandidateStore(data, run_dir=str(tmp_path), fingerprint=fingerprint) as store:
-    store.train_lone("final", config, run)
-  with durable.CandidateStore(data, run_dir=str(tmp_path), fingerprint=fingerprint) as store:
-    store.train_lone("final", make_config(), run)  # identical: read back
-    assert ran == [1]
-    with pytest.raises(durable.SearchMismatchError, match="'final' run with another dp_event"):
-      store.train_lone("final", make_config(sigma=100.0), run)
-    with pytest.raises(durable.SearchMismatchError, match="'final' run with another config"):
-      store.train_lone("final", config.replace(learning_rate=0.3), run)
+  def planned(config):
+    return run.derive(config, data)
+  with CandidateStore(plan, run_dir=str(tmp_path), fingerprint=fingerprint) as store:
+    store.train_lone("final", planned(config), train)
+  with CandidateStore(plan, run_dir=str(tmp_path), fingerprint=fingerprint) as store:
+    store.train_lone("final", planned(make_config()), train)  # identical: read back
+    assert ran == [1] and store.resumed == 1
+    with pytest.raises(SearchMismatchError, match="'final' run with another dp_event"):
+      store.train_lone("final", planned(make_config(sigma=100.0)), train)
+    with pytest.raises(SearchMismatchError, match="'final' run with another config"):
+      store.train_lone("final", planned(config.replace(learning_rate=0.3)), train)
   assert ran == [1]
 
 
@@ -1042,20 +1048,19 @@ _DIGEST_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from tests import test_adversarial as t
     import numpy as np
-    from jaxdp.sweep.space import mechanism_record
+    from jaxdp.sweep import SearchPlan
     rng = np.random.default_rng(0)
     w = rng.normal(size=6)
     data = t.Dataset(train=t._split(rng, t.N, w), test=t._split(rng, 50, w),
                      private_validation=t._split(rng, t.VALIDATION, w), num_examples=t.N)
     space = t.SearchSpace(t.make_config(), t.RESUME_GRID)
-    print(json.dumps(mechanism_record(zip(space.points, space.configs), data), sort_keys=True))
+    print(json.dumps(SearchPlan.build(space, data).mechanism(), sort_keys=True))
 """)
 
 
 @pytest.mark.slow  # a second Python process: about 4 s
 def test_the_mechanism_record_is_the_same_in_another_process(data, tmp_path):
   # Another process, with another string hash seed: no address, hash or dict order may enter.
-  from jaxdp.sweep.space import mechanism_record  # pylint: disable=g-import-not-at-top
   script = tmp_path / "digest.py"
   script.write_text(_DIGEST_SCRIPT)
   root = os.path.dirname(os.path.dirname(jaxdp.__file__))
@@ -1064,7 +1069,7 @@ def test_the_mechanism_record_is_the_same_in_another_process(data, tmp_path):
                         env=dict(os.environ, PYTHONHASHSEED=seed))
   assert done.returncode == 0, done.stderr.decode()[-2000:]
   space = SearchSpace(make_config(), RESUME_GRID)
-  here = json.loads(json.dumps(mechanism_record(zip(space.points, space.configs), data)))
+  here = json.loads(json.dumps(SearchPlan.build(space, data).mechanism()))
   assert json.loads(done.stdout) == here
   assert len(set(here["programs"].values())) == 1  # learning rates are traced: one program
 
@@ -1092,7 +1097,7 @@ def swept(data, tmp_path_factory):
 def test_run_sweep_refuses_a_changed_mechanism(name, swept, data):
   before = _files(swept)
   change, parts = CHANGES[name]
-  with pytest.raises(durable.SearchMismatchError, match=rf"differs in: {parts}; "):
+  with pytest.raises(SearchMismatchError, match=rf"differs in: {parts}; "):
     run_sweep(_candidates(**change), data, swept, SWEEP_FP, progress=False, trainer=refusing)
   assert _files(swept) == before
 
@@ -1103,11 +1108,11 @@ def test_run_sweep_refuses_other_data_and_another_public_start(swept, data):
   w = rng.normal(size=6)
   for split in ("train", "private_validation"):
     other = dataclasses.replace(data, **{split: _split(rng, N if split == "train" else VALIDATION, w)})
-    with pytest.raises(durable.SearchMismatchError, match=r"differs in: jaxdp_data; "):
+    with pytest.raises(SearchMismatchError, match=r"differs in: jaxdp_data; "):
       run_sweep(_candidates(), other, swept, SWEEP_FP, progress=False, trainer=refusing)
   spec = program.LoopSpec.from_config(make_config(), data)
   start = jax.tree.map(lambda s: np.ones(s.shape, s.dtype), program.param_shapes(spec, data.train))
-  with pytest.raises(durable.SearchMismatchError, match=r"differs in: jaxdp_initial_params; "):
+  with pytest.raises(SearchMismatchError, match=r"differs in: jaxdp_initial_params; "):
     run_sweep(_candidates(), data, swept, SWEEP_FP, progress=False, trainer=refusing,
               initial_params=start)
   assert _files(swept) == before
@@ -1127,7 +1132,7 @@ def test_run_sweep_grows_by_points_and_seeds_of_the_same_mechanism(data, tmp_pat
   pool = run_sweep(more, data, tmp_path, fp, progress=False, trainer=fake_trainer(trained))
   assert len(trained) == 6 and pool.done_ids() == {c.id for c in more}
   # The new point is recorded: changing its mechanism now is refused too.
-  with pytest.raises(durable.SearchMismatchError,
+  with pytest.raises(SearchMismatchError,
                      match=r"differs in: programs; programs at grid point \{\"learning_rate\":0.8\}: "):
     run_sweep(_candidates({"learning_rate": [0.8]}, optimizer=adam), data, tmp_path, fp,
               progress=False, trainer=refusing)
@@ -1136,7 +1141,7 @@ def test_run_sweep_grows_by_points_and_seeds_of_the_same_mechanism(data, tmp_pat
 def test_the_ray_backend_is_refused_on_the_driver_before_dispatching(swept, data):
   from jaxdp.sweep.ray_backend import train_candidates_ray  # pylint: disable=g-import-not-at-top
   assert not ray.is_initialized()
-  with pytest.raises(durable.SearchMismatchError, match="differs in: dp_events, programs"):
+  with pytest.raises(SearchMismatchError, match="differs in: dp_events, programs"):
     run_sweep(_candidates(sigma=100.0), data, swept, SWEEP_FP, progress=False,
               trainer=train_candidates_ray)
   assert not ray.is_initialized()  # refused before Ray was even started: nothing dispatched

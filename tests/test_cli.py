@@ -1,7 +1,9 @@
 """`jaxdp account`: values, JSON, help, and clean errors with exit code 2."""
 
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -84,11 +86,97 @@ def test_bad_input_exits_2_with_a_message(argv, match, capsys):
 def test_console_script_help_and_error_without_traceback():
   help_out = subprocess.run([sys.executable, "-m", "jaxdp.cli", "account", "--help"],
                             capture_output=True, text=True, check=True).stdout
-  for word in ("dpsgd:q=Q,sigma=S,steps=T", "poisson:mean=M", "tnb:eta=H,mean=M", "fixed:k=K", "--json"):
+  for word in ("dpsgd:q=Q,sigma=S,steps=T", "b/N", "q=256/60000", "poisson:mean=M", "tnb:eta=H,mean=M",
+               "fixed:k=K", "--json"):
     assert word in help_out
   bad = subprocess.run([sys.executable, "-m", "jaxdp.cli", "account", "--base", "pure:eps=-1"],
                        capture_output=True, text=True)
   assert bad.returncode == 2 and "epsilon must be in" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# The README's Python example: 60 epochs at batch 256 of MNIST's 60,000, sigma 1.1.
+README_Q = 256 / 60000
+README_RUN = acc.dpsgd_event(README_Q, 1.1, acc.dpsgd_steps(60, README_Q))
+README_SPEC = "dpsgd:q=256/60000,sigma=1.1,epochs=60"
+
+
+def test_q_as_a_fraction_is_the_python_event(capsys):
+  assert acc.dpsgd_steps(60, README_Q) == 14063
+  # Same rate, same step rule: the very event the Python example builds.
+  assert cli._build(README_SPEC, "base", cli._BASES) == README_RUN  # pylint: disable=protected-access
+  assert cli._build("dpsgd:q=256/6e4,sigma=1.1,steps=14063", "base", cli._BASES) == README_RUN  # pylint: disable=protected-access
+  assert cli.main(["account", "--base", README_SPEC, "--repeat", "poisson:mean=10", "--delta", "1e-5",
+                   "--method", "rdp", "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  # Both in this process, on the same event: equal, not close.
+  assert out["epsilon"] == acc.epsilon(acc.RepeatAndSelect(README_RUN, acc.Poisson(mean=10)), 1e-5, "rdp")
+  assert cli.main(["account", "--base", README_SPEC, "--plan", "8"]) == 0
+  assert "steps=14063" in capsys.readouterr().out
+  # The rounded decimal the README used to show is another rate, hence another event.
+  assert cli._build("dpsgd:q=0.004267,sigma=1.1,epochs=60", "base", cli._BASES) != README_RUN  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("q,shown", [
+    ("256/0", "b=256, N=0"), ("70000/60000", "b=70000, N=60000"), ("0/60000", "b=0, N=60000"),
+    ("-1/60000", "b=-1, N=60000"), ("inf/inf", "b=inf, N=inf"), ("abc/60000", "is not a number"),
+    ("256/", "is not a number"), ("1/2/3", "is not a number"),
+])
+def test_a_bad_fraction_exits_2_naming_q_its_value_and_the_range(q, shown, capsys):
+  assert cli.main(["account", "--base", f"dpsgd:q={q},sigma=1.1,epochs=60"]) == 2
+  err = capsys.readouterr().err
+  assert f"--base dpsgd: q={q!r}" in err and shown in err, err
+  assert "0 < b <= N" in err and "(0, 1]" in err and "Traceback" not in err
+  assert len(err.strip().splitlines()) == 1
+
+
+def test_only_q_takes_a_fraction(capsys):
+  assert cli.main(["account", "--base", "gaussian:sigma=1/2"]) == 2
+  assert "sigma='1/2' is not a number" in capsys.readouterr().err
+
+
+def _readme_shell_block() -> str:
+  readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md"),
+                encoding="utf-8").read()
+  match = re.search(r"The same events from the shell.*?```bash\n(.*?)```", readme, re.S)
+  assert match, "README.md has no shell block after 'The same events from the shell'"
+  return match.group(1)
+
+
+_NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
+
+
+def test_readme_shell_lines_print_what_the_readme_quotes(capsys):
+  """Each command of the README's shell block prints the `#` lines under it.
+
+  The quoted numbers were printed on another machine: a number with decimals
+  is compared to one unit of its last printed digit (RDP in float64 and PLDs
+  drift far less), every other number (steps, delta) and all the words exactly.
+  """
+  commands, quoted = [], []
+  pending = ""
+  for line in _readme_shell_block().splitlines():
+    if line.startswith("#"):
+      quoted[-1].append(line[1:].strip())
+    elif line.strip():
+      pending += line.rstrip("\\").strip() + " "
+      if not line.endswith("\\"):
+        commands.append(shlex.split(pending)[1:])
+        quoted.append([])
+        pending = ""
+  assert len(commands) == 4 and all(quoted)
+  for argv, lines in zip(commands, quoted):
+    assert "q=256/60000" in " ".join(argv)
+    assert cli.main(argv) == 0
+    printed = [l.strip() for l in capsys.readouterr().out.splitlines()]
+    for want in lines:
+      template = re.sub(_NUMBER, "#", want)
+      got = next((l for l in printed if re.sub(_NUMBER, "#", l) == template), None)
+      assert got is not None, (want, printed)
+      for g, w in zip(re.findall(_NUMBER, got), re.findall(_NUMBER, want)):
+        if "." in w and "e" not in w:
+          assert abs(float(g) - float(w)) <= 10.0 ** -len(w.split(".")[1]), (got, want)
+        else:
+          assert g == w, (got, want)
 
 
 def test_reproduce_dispatches_to_the_figure_scripts(tmp_path, capsys):

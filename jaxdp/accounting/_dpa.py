@@ -3,7 +3,11 @@
 jaxdp reads a few private attributes of dp-accounting's PLD classes (the dense
 PMF arrays, to evaluate hockey-stick curves vectorised, and the PLD an
 accountant built), and builds Gaussian PLDs through dp-accounting's private
-construction with one loop vectorised (`_GaussianPrivacyLoss`). They are used
+construction with one loop vectorised (`_GaussianPrivacyLoss`). Two more of
+dp-accounting's Python loops are replaced here by numpy doing the same
+floating-point operations in the same order: the subsampled Gaussian's RDP
+(`poisson_gaussian_rdp`) and the tail truncation of a PLD composition
+(`compose_plds`); their numbers are dp-accounting's bit for bit. They are used
 here and nowhere else, under the version range pinned in pyproject.toml;
 `tests/accounting/test_dpa_adapter.py` fails loudly if a new dp-accounting
 release moves them or changes a number.
@@ -11,6 +15,8 @@ release moves them or changes a number.
 Caches (all keyed by value, bounded, and only of deterministic functions of
 their key, so a hit returns exactly what a miss would compute):
   * `dp_event_rdp`: an event's RDP curve, by (event, orders);
+  * `poisson_gaussian_rdp`: one Poisson-subsampled Gaussian step's RDP curve,
+    by (q, sigma, orders), shared by every event that contains the step;
   * `pld_of_event`: an event's composed PLD, by (event, discretisation), at
     most `_PLD_CACHE_ENTRIES` PLDs and `_PLD_CACHE_BYTES` of PMF arrays;
   * `_gaussian_step_pld`: one (subsampled) Gaussian step's PLD, by (sigma, q,
@@ -32,6 +38,7 @@ from typing import Mapping, Optional, Sequence
 
 import dp_accounting as dpa
 import numpy as np
+from scipy import signal, special
 
 from jaxdp._cache import LruCache, clear_caches  # noqa: F401 (clear_caches: re-exported)
 from jaxdp.accounting import events
@@ -40,7 +47,9 @@ from jaxdp.accounting.events import event_key  # the key of every cache below
 _rdp = dpa.rdp.rdp_privacy_accountant
 _PLD = dpa.pld.privacy_loss_distribution
 _PLM = dpa.pld.privacy_loss_mechanism
+_PMF = dpa.pld.pld_pmf
 _ADD_REMOVE = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
+_gammaln, _log_ndtr = special.gammaln, special.log_ndtr
 
 class _DroppedOrderFilter(logging.Filter):
   """Silences dp-accounting's "failed to converge ... Excluding this order".
@@ -139,11 +148,135 @@ def dp_event_rdp(event: dpa.DpEvent, orders: Sequence[float]) -> Optional[np.nda
 
 
 def _rdp_of(event, orders: tuple) -> Optional[np.ndarray]:
-  accountant = dpa.rdp.RdpAccountant(list(orders))
+  accountant = _RdpAccountant(list(orders))
   if not accountant.supports(event):
     return None
   accountant.compose(event)
   return np.asarray(accountant._rdp, dtype=np.float64)  # pylint: disable=protected-access
+
+
+class _RdpAccountant(dpa.rdp.RdpAccountant):
+  """dp-accounting's RdpAccountant, taking a Poisson-subsampled Gaussian's curve from
+  `poisson_gaussian_rdp` (the same numbers, bit for bit, computed faster and cached).
+
+  Only `PoissonSampledDpEvent(q, GaussianDpEvent(sigma))` under add/remove-one
+  takes that path, with dp-accounting's own arithmetic around it
+  (`self._rdp += count * curve`); every other event is dp-accounting's.
+  """
+
+  def _maybe_compose(self, event, count, do_compose):
+    if (do_compose and isinstance(event, dpa.PoissonSampledDpEvent)
+        and type(event.event) is dpa.GaussianDpEvent  # pylint: disable=unidiomatic-typecheck
+        and self._neighboring_relation == _ADD_REMOVE):  # pylint: disable=protected-access
+      self._rdp += count * poisson_gaussian_rdp(event.sampling_probability, event.event.noise_multiplier,
+                                                self._orders)
+      return None
+    return super()._maybe_compose(event, count, do_compose)
+
+
+# ----------------------------------------------------------------------------- subsampled Gaussian RDP
+#
+# dp-accounting's `_compute_rdp_poisson_subsampled_gaussian` sums, per order, a
+# series in Python: three scalar `gammaln` calls and one `log_ndtr` per term,
+# ~1 µs each, ~50 ms for its default orders at q = 0.16. `poisson_gaussian_rdp`
+# computes the terms of each series as numpy arrays with the same operations
+# in the same order (scipy's `gammaln` and `log_ndtr` are ufuncs: a 0-d and
+# an n-d input run the same float64 loop; +, -, *, / are IEEE-rounded alike
+# in numpy and Python), and only the running log-sum and the stopping test,
+# which are sequential, stay a Python loop over Python floats (dp-accounting's
+# `_log_add` inlined: the same comparisons and `math` calls). So every value
+# is dp-accounting's bit for bit (test_dpa_adapter.py checks a grid of rates,
+# noises and orders), ~5x faster. Anything off the common path (q = 0 or 1, sigma = 0, an
+# infinite order, a fractional series that does not converge) is
+# dp-accounting's own function.
+
+#: Terms of a fractional order's series computed at once (most stop within 64).
+_FRAC_CHUNK = 64
+
+
+def _log_a_int(q: float, sigma: float, alpha: int) -> float:
+  """dp-accounting's `_compute_log_a_int(q, sigma, alpha)`, its terms vectorised."""
+  log1mq = math.log1p(-q)
+  i = np.arange(alpha + 1, dtype=np.int64)
+  log_coef = _gammaln(alpha + 1) - _gammaln(i + 1) - _gammaln(alpha - i + 1)  # _log_comb(alpha, i)
+  terms = log_coef + i * math.log(q) + (alpha - i) * log1mq + (i * i - i) / (2 * (sigma**2))
+  log_a = -np.inf
+  log1p, exp, inf = math.log1p, math.exp, -np.inf
+  for s in terms.tolist():
+    # _log_add(log_a, s) inlined (min and max as the builtins compare)
+    a, b = (s if s < log_a else log_a), (s if s > log_a else log_a)
+    log_a = b if a == inf else log1p(exp(a - b)) + b
+  return log_a
+
+
+def _log_a_frac(q: float, sigma: float, alpha: float) -> float:
+  """dp-accounting's `_compute_log_a_frac(q, sigma, alpha)`, its terms vectorised in chunks."""
+  log1p, exp, inf = math.log1p, math.exp, -np.inf
+  log_a0, log_a1 = -np.inf, -np.inf
+  z0 = sigma**2 * math.log(1 / q - 1) + 0.5
+  log1mq = math.log1p(-q)
+  log_q, denom, scale = math.log(q), 2 * (sigma**2), math.sqrt(2) * sigma
+  log_half, log_two, root_two = math.log(0.5), math.log(2), 2**0.5
+  gamma_alpha = _gammaln(alpha + 1)
+  last_s0 = last_s1 = -np.inf
+  steps = _rdp._MAX_STEPS_LOG_A_FRAC  # pylint: disable=protected-access
+  for start in range(0, steps, _FRAC_CHUNK):
+    i = np.arange(start, min(start + _FRAC_CHUNK, steps), dtype=np.int64)
+    log_coef = gamma_alpha - _gammaln(i + 1) - _gammaln(alpha - i + 1)  # _log_comb(alpha, i)
+    j = alpha - i
+    log_t0 = log_coef + i * log_q + j * log1mq
+    log_t1 = log_coef + j * log_q + i * log1mq
+    # log(0.5) + _log_erfc(x), _log_erfc(x) = log(2) + log_ndtr(-x * 2**0.5)
+    log_e0 = log_half + (log_two + _log_ndtr(-((i - z0) / scale) * root_two))
+    log_e1 = log_half + (log_two + _log_ndtr(-((z0 - j) / scale) * root_two))
+    log_s0s = (log_t0 + (i * i - i) / denom + log_e0).tolist()
+    log_s1s = (log_t1 + (j * j - j) / denom + log_e1).tolist()
+    for log_s0, log_s1 in zip(log_s0s, log_s1s):
+      # log_a0 = _log_add(log_a0, log_s0), log_a1 = _log_add(log_a1, log_s1),
+      # total = _log_add(log_a0, log_a1), inlined (min and max as the builtins compare)
+      a, b = (log_s0 if log_s0 < log_a0 else log_a0), (log_s0 if log_s0 > log_a0 else log_a0)
+      log_a0 = b if a == inf else log1p(exp(a - b)) + b
+      a, b = (log_s1 if log_s1 < log_a1 else log_a1), (log_s1 if log_s1 > log_a1 else log_a1)
+      log_a1 = b if a == inf else log1p(exp(a - b)) + b
+      a, b = (log_a1 if log_a1 < log_a0 else log_a0), (log_a1 if log_a1 > log_a0 else log_a0)
+      total = b if a == inf else log1p(exp(a - b)) + b
+      if log_s0 < last_s0 and log_s1 < last_s1 and max(log_s0, log_s1) < total - 30:
+        return total
+      last_s0, last_s1 = log_s0, log_s1
+  # No convergence: dp-accounting's own function (it warns and drops the order).
+  return _rdp._compute_log_a_frac(q, sigma, alpha)  # pylint: disable=protected-access
+
+
+def _compute_poisson_gaussian_rdp(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
+  if not (0.0 < q < 1.0 and sigma > 0.0 and np.all(np.isfinite(orders))):
+    return _rdp._compute_rdp_poisson_subsampled_gaussian(q, sigma, orders)  # pylint: disable=protected-access
+  out = []
+  for alpha in orders:  # numpy scalars, as dp-accounting's `compute_one_order` gets them
+    if float(alpha).is_integer():
+      log_a = _log_a_int(q, sigma, int(alpha))
+    else:
+      log_a = _log_a_frac(q, sigma, alpha)
+    out.append(log_a / (alpha - 1))
+  return np.array(out)
+
+
+def poisson_gaussian_rdp(q: float, sigma: float, orders: Sequence[float]) -> np.ndarray:
+  """dp-accounting's `_compute_rdp_poisson_subsampled_gaussian(q, sigma, orders)`, bit for bit.
+
+  Faster (see above) and cached by (q, sigma, orders): every accountant of a
+  search asks for the curve of the same DP-SGD step (the RDP methods, the
+  profile and PLD methods' discretisation), inside different events.
+  """
+  orders = np.array(orders)
+  key = (float(q), float(sigma), orders.dtype.str, orders.tobytes())
+  found = _subsampled_cache.get(key)
+  if found is None:
+    found = _compute_poisson_gaussian_rdp(q, sigma, orders)
+    _subsampled_cache.put(key, found)
+  return found.copy()
+
+
+_subsampled_cache = LruCache(256)
 
 
 # Keyed by value (`event_key`): searches ask for the same base's curve many
@@ -292,18 +425,94 @@ class _PLDAccountant(dpa.pld.PLDAccountant):
         # dp-accounting's Laplace PLD breaks down here (eps = inf); Laplace
         # is (1/b)-DP, so the randomized-response pair of 1/b dominates it.
         step = pld_from_privacy_parameters(1.0 / event.noise_multiplier, 0.0, interval)
-        self._pld = self._pld.compose(step.self_compose(count))
+        self._pld = compose_plds(self._pld, step.self_compose(count))
         return None
       if isinstance(event, dpa.GaussianDpEvent) and event.noise_multiplier != 0:
         step = _gaussian_step_pld(event.noise_multiplier / math.sqrt(count), interval)
-        self._pld = self._pld.compose(step)
+        self._pld = compose_plds(self._pld, step)
         return None
       if (isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(event.event, dpa.GaussianDpEvent)
           and event.sampling_probability != 0 and event.event.noise_multiplier != 0):
         step = _gaussian_step_pld(event.event.noise_multiplier, interval, event.sampling_probability)
-        self._pld = self._pld.compose(step.self_compose(count))
+        self._pld = compose_plds(self._pld, step.self_compose(count))
         return None
     return super()._maybe_compose(event, count, do_compose)
+
+
+#: dp-accounting's default tail mass truncation of `PrivacyLossDistribution.compose`.
+COMPOSE_TAIL_MASS = 1e-15
+
+
+def compose_plds(pld1, pld2, tail_mass_truncation: float = COMPOSE_TAIL_MASS):
+  """`pld1.compose(pld2, tail_mass_truncation)`, dp-accounting's PLD composition, bit for bit.
+
+  dp-accounting truncates a dense composition's tails by summing its PMF in
+  a Python loop, element by element, from each end until the sum passes
+  tail_mass_truncation / 2: ~100,000 iterations for a DP-SGD run at 1e-4,
+  more time than the FFT. `_truncation_prefix` finds the same index from
+  numpy's cumulative sums, which add the same terms in the same order; the
+  rest is dp-accounting's code path (`PrivacyLossDistribution.compose`,
+  `compose_pmfs`, `DensePLDPmf.compose`, `_truncate_tails`) step by step, and
+  any other case (sparse PMFs, no truncation) is dp-accounting's own call.
+  test_dpa_adapter.py checks the PMFs are equal.
+  """
+  remove = _compose_pmfs(pld1._pmf_remove, pld2._pmf_remove, tail_mass_truncation)  # pylint: disable=protected-access
+  if pld1._symmetric and pld2._symmetric:  # pylint: disable=protected-access
+    return _PLD.PrivacyLossDistribution(remove)
+  add = _compose_pmfs(pld1._pmf_add, pld2._pmf_add, tail_mass_truncation)  # pylint: disable=protected-access
+  return _PLD.PrivacyLossDistribution(remove, add)
+
+
+def _compose_pmfs(pmf1, pmf2, tail_mass_truncation: float):
+  """dp-accounting's `pld_pmf.compose_pmfs`, its dense path with `_truncation_prefix`."""
+  dense = _PMF.DensePLDPmf
+  sparse = (isinstance(pmf1, _PMF.SparsePLDPmf) and isinstance(pmf2, _PMF.SparsePLDPmf)
+            and pmf1.size * pmf2.size <= _PMF._MAX_PMF_SPARSE_SIZE)  # pylint: disable=protected-access
+  if sparse or tail_mass_truncation == 0:
+    return _PMF.compose_pmfs(pmf1, pmf2, tail_mass_truncation)
+  pmf1, pmf2 = pmf1.to_dense_pmf(), pmf2.to_dense_pmf()
+  if type(pmf1) is not dense or type(pmf2) is not dense:  # pylint: disable=unidiomatic-typecheck
+    return pmf1.compose(pmf2, tail_mass_truncation)
+  # DensePLDPmf.compose:
+  # pylint: disable=protected-access
+  pmf1.validate_composable(pmf2)
+  lower_loss = pmf1._lower_loss + pmf2._lower_loss
+  probs = signal.fftconvolve(pmf1._probs, pmf2._probs)
+  infinity_mass = (pmf1._infinity_mass + pmf2._infinity_mass
+                   - pmf1._infinity_mass * pmf2._infinity_mass)
+  # _truncate_tails(probs, tail_mass_truncation, pessimistic_estimate):
+  left_idx = _truncation_prefix(probs, tail_mass_truncation / 2)
+  right_idx = len(probs) - _truncation_prefix(np.flip(probs), tail_mass_truncation / 2)
+  right_idx = max(right_idx, left_idx + 1)
+  left_mass = np.sum(probs[:left_idx])
+  right_mass = np.sum(probs[right_idx:])
+  truncated = probs[left_idx:right_idx]
+  if pmf1._pessimistic_estimate:
+    truncated[0] += left_mass
+    offset, right_tail = left_idx, right_mass
+  else:
+    truncated[-1] += right_mass
+    offset, right_tail = left_idx, 0
+  return dense(pmf1._discretization, lower_loss + offset, truncated, infinity_mass + right_tail,
+               pmf1._pessimistic_estimate)
+  # pylint: enable=protected-access
+
+
+def _truncation_prefix(arr: np.ndarray, threshold: float) -> int:
+  """dp-accounting's `_find_prefix_to_truncate`: the first i with arr[0] + ... + arr[i] > threshold
+  (summed left to right), else len(arr).
+
+  np.add.accumulate adds left to right like the loop it replaces, chunk by
+  chunk (doubling), each chunk starting from the running sum so far.
+  """
+  total, start, size = 0.0, 0, 1024
+  while start < len(arr):
+    chunk = np.add.accumulate(np.concatenate(([total], arr[start:start + size])))[1:]
+    above = np.flatnonzero(chunk > threshold)
+    if above.size:
+      return start + int(above[0])
+    total, start, size = chunk[-1], start + size, 2 * size
+  return len(arr)
 
 
 def pld_nbytes(pld) -> int:
@@ -418,6 +627,31 @@ def pld_pmfs(pld) -> list:
   if pld._symmetric:  # pylint: disable=protected-access
     return [pld._pmf_remove]  # pylint: disable=protected-access
   return [pld._pmf_remove, pld._pmf_add]  # pylint: disable=protected-access
+
+
+def pld_pmf_pair(pld) -> tuple:
+  """(remove, add) PMFs of a PLD (the same one twice if it is symmetric), as dp-accounting mixes them."""
+  return pld._pmf_remove, pld._pmf_add  # pylint: disable=protected-access
+
+
+def pmf_delta_lower(pmf, epsilon: float) -> float:
+  """A PMF's hockey-stick value at `epsilon`, dp-accounting's formula on the atoms above it only.
+
+  inf_mass + sum_{L > eps} p_L (1 - e^(eps - L)), as dp-accounting's
+  `get_delta_for_epsilon` computes it, but on the slice of losses from about
+  eps up (dp-accounting forms every loss and a mask first): an atom at or
+  below eps the slice may take in adds p (1 - e^(eps - L)) <= 0, so the
+  value is never above dp-accounting's by more than the rounding of the sums.
+  """
+  if not hasattr(pmf, "_probs"):
+    return float(pmf.get_delta_for_epsilon(epsilon))
+  # pylint: disable=protected-access
+  probs, lower, disc = pmf._probs, pmf._lower_loss, pmf._discretization
+  start = min(max(int(math.floor(epsilon / disc)) - lower, 0), len(probs))
+  losses = (np.arange(start, len(probs)) + lower) * disc
+  above = losses > epsilon
+  return float(pmf._infinity_mass + np.dot(-np.expm1(epsilon - losses[above]), probs[start:][above]))
+  # pylint: enable=protected-access
 
 
 def pmf_table(pmf):

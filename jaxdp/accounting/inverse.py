@@ -1,19 +1,26 @@
 """Inverse accounting: how many candidates fit a budget, how much noise a tuned
 DP-SGD run needs, and a planning table.
 
-Every search goes through `dp_accounting.calibrate_dp_mechanism` (Brent's
-method; the returned parameter is one whose epsilon was computed and found
-within the target), on the log of the parameter: the answer always errs on the
-private side, and only its optimality is approximate (relative `rtol`).
+Every search returns a parameter whose epsilon was computed and found within
+the target, on the log of the parameter: the answer always errs on the
+private side, and only its optimality is approximate (relative `rtol`). A
+search brackets the answer and `dp_accounting.calibrate_dp_mechanism`
+(Brent's method) finishes, except where a feasible and an infeasible
+parameter already lie within the tolerance of each other: the feasible one
+is then the answer, as Brent's method would certify it.
 
 Method "best" is the minimum of the methods' epsilons, so a parameter meets
 the target by "best" iff it does by one of them: the answer is the most
 permissive of the methods' answers. Each method is therefore searched on its
 own, cheapest first, and a method after the first costs one evaluation (one
 step past the answer so far, which it must meet to improve on it by more than
-the tolerance) unless it wins. The expensive methods (privacy profiles, PLD
-mixtures) thus see one or a few parameters instead of every step of the
-search, and no parameter is accounted by every method at once.
+the tolerance; the PLD mixture can refuse from its first terms,
+`PldAccountant.epsilon_exceeds`) unless it wins. A method that wins is
+searched from that step by secants on log epsilon (`_calibrate_near`): two or
+three evaluations near the answer, instead of a bracketing walk and Brent's
+iterations. The expensive methods (privacy profiles, PLD mixtures) thus see
+a few parameters instead of every step of the search, and no parameter is
+accounted by every method at once.
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ class _Search:
     self.member_of_best = member_of_best
     self.method_searches: Optional[dict] = None  # "best": one _Search per method, made when first needed
     self._epsilons: dict = {}
+    self._above: dict = {}  # (event, delta) -> a value its epsilon is known to exceed (`meets`)
 
   def accountant(self) -> dpa.PrivacyAccountant:
     if self.member_of_best:
@@ -101,8 +109,32 @@ class _Search:
     return eps
 
   def meets(self, event, epsilon: float, delta: float) -> bool:
-    """Whether self.epsilon(event, delta) <= epsilon."""
-    return self.epsilon(event, delta) <= epsilon
+    """Whether self.epsilon(event, delta) <= epsilon.
+
+    An accountant that can tell early that it does not (`epsilon_exceeds`:
+    the PLD mixture, from its first terms) is asked that first; its epsilon
+    is then not computed (nor remembered), only that it lies above `epsilon`.
+    """
+    key = self._key(event, delta)
+    if key is not None and key in self._epsilons:
+      return self._epsilons[key] <= epsilon
+    if key is not None and epsilon < self._above.get(key, -math.inf):
+      return False
+    try:
+      acct = self.accountant().compose(event)
+      exceeds = getattr(acct, "epsilon_exceeds", None)
+      if exceeds is not None and exceeds(delta, epsilon):
+        if key is not None:
+          self._above[key] = max(epsilon, self._above.get(key, -math.inf))
+        return False
+      eps = acct.get_epsilon(delta)
+    except (dpa.UnsupportedEventError, ev.NotApplicableError):
+      if not self.member_of_best:
+        raise
+      eps = math.inf
+    if key is not None:
+      self._epsilons[key] = eps
+    return eps <= epsilon
 
   def fresh_accountant(self) -> "_RememberingAccountant":
     return _RememberingAccountant(self)
@@ -140,7 +172,9 @@ def calibrate(make_event: Callable[[float], dpa.DpEvent], target_epsilon: float,
   epsilon must be monotone in x (`increasing` says which way). Brackets by
   doubling from `start` (so expensive accountants only see parameters near
   the answer), then `calibrate_dp_mechanism` finishes: on log x with relative
-  tolerance `rtol`, or on the integers with `discrete=True`.
+  tolerance `rtol`, or on the integers with `discrete=True`. With "best", a
+  method after the first that improves on the answer so far is searched from
+  there by secants (module docstring), to the same tolerance.
 
   Returns:
     x (an int if `discrete`), or None if no x in [low, high] meets the target.
@@ -174,27 +208,166 @@ def _calibrate_best(make_event, target_epsilon: float, target_delta: float, sear
   A method improves on the answer so far only if it meets the target one
   step (a factor 1 + rtol, or 1 if `discrete`) beyond it; then it is searched
   between that step and the far end of the range, where every earlier method
-  failed.
+  failed: from that step by secants (`_calibrate_near`) on a continuous x.
   """
-  found = None
+  found, winner = None, None
   edge = low if increasing else high  # where a method's epsilon is smallest: its most permissive x
+  params: dict = {}  # event key -> the x it was made from (`_slope` reads the winner's points)
+
+  def event_of(x):
+    event = make_event(x)
+    key = ev.event_key(event)
+    if key is not None:
+      params[key] = x
+    return event
+
   for search in searches.values():
     if found is None:
-      if not search.meets(make_event(edge), target_epsilon, target_delta):
+      if not search.meets(event_of(edge), target_epsilon, target_delta):
         continue  # monotone: it meets the target nowhere, and one evaluation said so
-      x = _calibrate_one(make_event, target_epsilon, target_delta, search, low=low, high=high, start=start,
+      x = _calibrate_one(event_of, target_epsilon, target_delta, search, low=low, high=high, start=start,
                          increasing=increasing, rtol=rtol, discrete=discrete)
-    else:
-      step = (found + 1 if increasing else found - 1) if discrete else (
-          found * (1.0 + rtol) if increasing else found / (1.0 + rtol))
-      if not low <= step <= high or not search.meets(make_event(step), target_epsilon, target_delta):
+    elif discrete:
+      step = found + 1 if increasing else found - 1
+      if not low <= step <= high or not search.meets(event_of(step), target_epsilon, target_delta):
         continue
       lo, hi = (step, high) if increasing else (low, step)
-      x = _calibrate_one(make_event, target_epsilon, target_delta, search, low=lo, high=hi, start=step,
+      x = _calibrate_one(event_of, target_epsilon, target_delta, search, low=lo, high=hi, start=step,
                          increasing=increasing, rtol=rtol, discrete=discrete)
+    else:
+      x = _calibrate_near(event_of, target_epsilon, target_delta, search, found=found, low=low, high=high,
+                          increasing=increasing, rtol=rtol,
+                          slope=_slope(winner, params, found, target_delta, increasing))
     if x is not None and (found is None or (x > found if increasing else x < found)):
-      found = x
+      found, winner = x, search
   return found
+
+
+def _slope(search: Optional[_Search], params: dict, found: float, target_delta: float,
+           increasing: bool) -> Optional[float]:
+  """d log(epsilon) / d log(x) of `search`'s method near its answer `found`, from the
+  epsilons it computed (no new evaluation), or None if it has no two usable points."""
+  if search is None:
+    return None
+  points = sorted((abs(math.log(params[key] / found)), math.log(params[key]), math.log(eps))
+                  for (key, delta), eps in search._epsilons.items()  # pylint: disable=protected-access
+                  if delta == target_delta and key in params and params[key] > 0 and 0 < eps < math.inf)
+  for (_, t0, g0), (_, t1, g1) in zip(points, points[1:]):
+    if t1 != t0:
+      slope = (g1 - g0) / (t1 - t0)
+      return slope if (slope > 0) == increasing and slope != 0 else None
+  return None
+
+
+#: Secant probes `_calibrate_near` makes before the bracketing walk and Brent's method take over.
+_NEAR_PROBES = 6
+#: How close (in tolerances, on log x) `_calibrate_near` brings the answer to the predicted root
+#: before certifying it: its answers lie at most this much plus the prediction's error above
+#: the root (Brent's method promises one tolerance).
+_NEAR = 0.2
+
+
+def _calibrate_near(make_event, target_epsilon: float, target_delta: float, search: _Search, *, found: float,
+                    low: float, high: float, increasing: bool, rtol: float,
+                    slope: Optional[float]) -> Optional[float]:
+  """A later method of "best" from one step beyond the answer so far, `found`: its answer if it
+  improves on `found`, else None.
+
+  On t = log x, the method is first asked one step (log(1 + rtol)) beyond
+  `found` (with `meets`: the PLD mixture can say no from its first terms);
+  if it meets the target there, its answer lies between that step and the far
+  end of the range. Epsilon is smooth and nearly linear in log x on log scale,
+  so a secant on log(epsilon) (from `slope`, the previous winner's, until
+  this method has two points of its own) predicts where it crosses the
+  target. A probe goes a tenth of a tolerance short of that root (feasible,
+  if the prediction holds), and once the feasible end is within `_NEAR`
+  tolerances of it, one probe just within the tolerance past it (infeasible)
+  certifies it. As soon as
+  a feasible and an infeasible point lie within the tolerance of each other,
+  the feasible one is the answer: evaluated, on the private side, and optimal
+  to rtol, as `calibrate_dp_mechanism` guarantees. After `_NEAR_PROBES`
+  probes without that, the bracketing walk and Brent's method finish
+  (`_calibrate_one`).
+  """
+  tol = math.log1p(rtol)
+  lo_t, hi_t = math.log(low), math.log(high)
+  toward_infeasible = 1.0 if increasing else -1.0
+  target = math.log(target_epsilon)
+  gaps: dict = {}  # t -> log(epsilon / target) of each point evaluated here
+
+  def evaluate(t):
+    event = make_event(math.exp(t))
+    if not gaps and not search.meets(event, target_epsilon, target_delta):
+      return False
+    eps = search.epsilon(event, target_delta)  # remembered by `meets`
+    gaps[t] = (math.log(eps) if eps > 0 else -math.inf) - target
+    return gaps[t] <= 0
+
+  feasible = math.log(found) + toward_infeasible * tol  # one step beyond the answer so far
+  if not lo_t <= feasible <= hi_t or not evaluate(feasible):
+    return None
+  infeasible = None
+  for _ in range(_NEAR_PROBES):
+    if infeasible is not None and abs(feasible - infeasible) <= tol:
+      return math.exp(feasible)
+    if infeasible is None and feasible == (hi_t if increasing else lo_t):
+      return math.exp(feasible)  # feasible at the far end of the range
+    root = _secant_root(gaps, feasible, infeasible, slope, increasing)
+    if root is None:
+      break
+    if abs(root - feasible) <= _NEAR * tol:
+      # The answer is (predicted) within _NEAR tolerances of the root: the point just
+      # within the tolerance past it is infeasible and certifies it.
+      t = feasible + toward_infeasible * tol * (1.0 - 1e-6)
+    else:
+      # A feasible point a tenth of a tolerance short of the root: the answer, once an
+      # infeasible point within the tolerance (an earlier one, or the next) certifies it.
+      t = root - toward_infeasible * tol / 10
+    t = min(max(t, lo_t), hi_t)
+    if infeasible is not None:
+      lo, hi = sorted((feasible, infeasible))
+      if not lo < t < hi:
+        t = (lo + hi) / 2
+    if t in gaps:
+      break
+    if evaluate(t):
+      feasible = t
+    else:
+      infeasible = t
+  if infeasible is not None and abs(feasible - infeasible) <= tol:
+    return math.exp(feasible)
+  lo_x, hi_x = (math.exp(feasible), high) if increasing else (low, math.exp(feasible))
+  if infeasible is not None:
+    lo_x, hi_x = sorted((math.exp(feasible), math.exp(infeasible)))
+  return _calibrate_one(make_event, target_epsilon, target_delta, search, low=lo_x, high=hi_x,
+                        start=math.exp(feasible), increasing=increasing, rtol=rtol, discrete=False)
+
+
+def _secant_root(gaps: dict, feasible: float, infeasible: Optional[float], slope: Optional[float],
+                 increasing: bool) -> Optional[float]:
+  """Where log(epsilon / target) is predicted to reach 0 (t = log x), or None.
+
+  Along the secant through the two points nearest the target (in epsilon),
+  else through the bracket's ends, else from the feasible end along `slope`;
+  a secant or slope whose sign says epsilon is not monotone that way is not used.
+  """
+  usable = lambda s: s != 0 and math.isfinite(s) and (s > 0) == increasing
+  near = sorted((abs(g), t) for t, g in gaps.items() if math.isfinite(g))
+  if len(near) >= 2:
+    (_, t0), (_, t1) = near[:2]
+    own = (gaps[t1] - gaps[t0]) / (t1 - t0)
+    if usable(own):
+      return t0 - gaps[t0] / own
+  g_f = gaps[feasible]
+  if not math.isfinite(g_f):
+    return None
+  if infeasible is not None and math.isfinite(gaps[infeasible]):
+    ends = (gaps[infeasible] - g_f) / (infeasible - feasible)
+    if usable(ends):
+      return feasible - g_f / ends
+  if slope is None or not usable(slope):
+    return None
+  return feasible - g_f / slope
 
 
 def _calibrate_one(make_event, target_epsilon: float, target_delta: float, search: _Search, *,

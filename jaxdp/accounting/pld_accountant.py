@@ -72,6 +72,9 @@ DEFAULT_MAX_TERMS = 48
 _WEIGHT_SLACK = 1e-12
 #: Terms summed directly beyond k before a Chernoff bound takes the remainder.
 _TAIL_TERMS = 256
+#: Relative margin by which a partial mixture must exceed delta before
+#: `PldAccountant.epsilon_exceeds` stops building it (see `_build_curve`).
+_EXCEEDS_MARGIN = 1e-6
 
 
 def _random_selections(event) -> int:
@@ -127,6 +130,7 @@ class _Curve:
 
   def __init__(self, pld, scale: float = 1.0, offset: float = 0.0, non_private: bool = False):
     self.pld, self.scale, self.offset, self.non_private = pld, scale, offset, non_private
+    self._epsilons: dict = {}  # delta -> epsilon(delta): dp-accounting's inverse loops over every atom
 
   def delta(self, epsilon: float) -> float:
     if self.non_private:
@@ -138,6 +142,11 @@ class _Curve:
     return min(1.0, self.scale * value + self.offset)
 
   def epsilon(self, delta: float) -> float:
+    if delta not in self._epsilons:
+      self._epsilons[delta] = self._epsilon(delta)
+    return self._epsilons[delta]
+
+  def _epsilon(self, delta: float) -> float:
     if self.non_private:
       return math.inf
     if self.scale == 0.0:
@@ -243,6 +252,32 @@ class PldAccountant(base.Accountant):
     # Rounding losses up to the grid can put a pure part's loss up to one
     # interval above its epsilon; pure parts compose to a pure guarantee.
     return eps if pure is None else min(eps, pure)
+
+  def epsilon_exceeds(self, target_delta: float, target_epsilon: float) -> bool:
+    """Whether get_epsilon(target_delta) > target_epsilon, deciding early where it can.
+
+    A random-K selection's curve is the mixture sum_k P(K=k) delta_k(eps) +
+    tail (module docstring), every term non-negative: once the terms built so
+    far exceed target_delta at target_epsilon, so does the whole curve, and
+    its epsilon (where the non-increasing curve falls to target_delta) lies
+    beyond target_epsilon. The remaining compositions, the largest PLDs and
+    most of the cost, are then skipped. Otherwise the curve is built whole
+    and kept (get_epsilon then costs nothing more), and the answer is
+    get_epsilon(target_delta) > target_epsilon. So the answer is always that
+    comparison's: searches ("best", `inverse`) ask this where only the side
+    of a target matters. (Were float rounding ever to make an early True
+    wrong, the search would only leave this method out: more noise, never
+    less.)
+    """
+    target_delta = _validate.probability("target_delta", target_delta)
+    target_epsilon = _validate.real("target_epsilon", target_epsilon, low=0.0, allow_inf=True)
+    if (self._curve_cache is None and self._selection is not None and math.isfinite(target_epsilon)
+        and target_delta >= _dpa.PLD_DELTA_FLOOR):
+      curve = self._build_curve(stop=(target_epsilon, target_delta))
+      if curve is None:
+        return True
+      self._curve_cache = curve
+    return self.get_epsilon(target_delta) > target_epsilon
 
   def get_delta(self, target_epsilon: float) -> float:
     """delta(target_epsilon), never below `_dpa.PLD_DELTA_FLOOR`."""
@@ -375,7 +410,7 @@ class PldAccountant(base.Accountant):
       # dp-accounting's pessimistic rounding of its two losses).
       part = _dpa.pld_from_privacy_parameters(event.epsilon, delta, self._interval)
       with _dpa.building_pld():
-        pld = pld.compose(part if count == 1 else part.self_compose(count))
+        pld = _dpa.compose_plds(pld, part if count == 1 else part.self_compose(count))
     return pld, non_private
 
   def _curve(self) -> _Curve:
@@ -415,7 +450,15 @@ class PldAccountant(base.Accountant):
       span += k_max * self._fresh().compose(sel.base)._loss_span()  # pylint: disable=protected-access
     return span
 
-  def _build_curve(self) -> _Curve:
+  def _build_curve(self, stop: Optional[tuple] = None) -> Optional[_Curve]:
+    """The curve; with stop = (eps, delta), None as soon as the terms so far exceed delta at eps.
+
+    The test is on the weighted sum of the terms' own hockey-stick values
+    (per neighbour direction, `_dpa.pmf_delta_lower`: the mixed PMF's curve
+    is their weighted sum, as a curve is linear in the masses), with a
+    relative margin `_EXCEEDS_MARGIN` far above the rounding of those sums
+    (~1e-13), so a stop always means that the whole curve exceeds delta at eps.
+    """
     self._resolve_interval()
     pld_e, non_private_e = self._deterministic_pld()
     if self._selection is None or non_private_e:
@@ -428,10 +471,11 @@ class PldAccountant(base.Accountant):
     weights = np.asarray(dist.pmf(np.arange(k_max + 1, dtype=np.float64)), dtype=np.float64)
     mix, head = pld_e, 0.0
     pld_k = pld_e
+    lower = [0.0, 0.0]  # sum_{j<=k} P(j) delta_{pld_j}(stop eps), per direction (remove, add)
     for k in range(k_max + 1):
       if k > 0:
         with _dpa.building_pld():
-          pld_k = pld_k.compose(base_pld)  # iterative: one FFT per term, no self_compose per k
+          pld_k = _dpa.compose_plds(pld_k, base_pld)  # iterative: one FFT per term, no self_compose per k
       w = float(weights[k])
       if w <= 0.0:
         continue
@@ -439,6 +483,11 @@ class PldAccountant(base.Accountant):
       with _dpa.building_pld():
         mix = pld_k if head == 0.0 else mix.compute_mixture(pld_k, head / (head + w))
       head += w
+      if stop is not None:
+        for d, pmf in enumerate(_dpa.pld_pmf_pair(pld_k)):
+          lower[d] += w * _dpa.pmf_delta_lower(pmf, stop[0])
+        if max(lower) > stop[1] * (1.0 + _EXCEEDS_MARGIN):
+          return None
     head = math.fsum(weights.tolist()) * (1.0 + _WEIGHT_SLACK)
     return _Curve(mix, scale=head, offset=_tail(dist, k_max))
 

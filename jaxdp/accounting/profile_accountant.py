@@ -263,12 +263,12 @@ class ProfileAccountant(base.Accountant):
       if non_private:
         return prof_lib.ApproxDpProfile(0.0, 1.0), "non-private"
       with _dpa.building_pld():
-        pld = pld.compose(pld_e)
+        pld = _dpa.compose_plds(pld, pld_e)
       theorems.append("dp-accounting PLD")
     for ((prof, theorem), count), top in zip(leaves, tops):
       part = envelope_pld(prof, interval, top)
       with _dpa.building_pld():
-        pld = pld.compose(part if count == 1 else part.self_compose(count))
+        pld = _dpa.compose_plds(pld, part if count == 1 else part.self_compose(count))
       theorems.append(theorem)
     return (ComposedPldProfile(pld),
             "PLD composition of [" + "; ".join(dict.fromkeys(theorems)) + "]")

@@ -33,9 +33,11 @@ from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.audit.estimate import EpsilonLowerBound, epsilon_lower_bound, max_certifiable
 from jaxdp.data import Dataset
+from jaxdp.sweep.plan import SearchPlan
+from jaxdp.sweep.store import CandidateStore, Trainer
 from jaxdp.sweep.space import SearchSpace
 from jaxdp.train import TrainConfig
-from jaxdp.tuning import _args, durable, planning
+from jaxdp.tuning import _args, planning
 from jaxdp.tuning import search as search_lib
 
 
@@ -127,8 +129,8 @@ def _check_statistic(statistic, trials: int, delta: float, confidence: float) ->
   _statistic_value(statistic, Release(None, float("nan"), None))
 
 
-def _run_side(space: SearchSpace, data: Dataset, repetitions, side: int, key: jax.Array, trials: int,
-              statistic, store: durable.CandidateStore, bar) -> tuple[np.ndarray, int]:
+def _run_side(space: SearchSpace, repetitions, side: int, key: jax.Array, trials: int,
+              statistic, store: CandidateStore, bar) -> tuple[np.ndarray, int]:
   """The statistics of `trials` whole searches on `data`; trial t draws with fold_in(key, 2t + side).
 
   The searches are drawn at once (`draw_searches`: each gets the candidates
@@ -168,7 +170,7 @@ def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional
                  statistic: Statistic, trials: int, key: jax.Array, delta: float = 1e-5,
                  confidence: float = 0.95, methods: Sequence[str] = ("rdp", "profile", "best"),
                  progress: bool = False, run_dir: Optional[str] = None,
-                 trainer: Optional[durable.Trainer] = None, initial_params: Any = None,
+                 trainer: Optional[Trainer] = None, initial_params: Any = None,
                  **engine_kwargs) -> AuditResult:
   """Audits `random_search(config, search_space, ·, repetitions=...)` on D = `without`, D' = `with_`.
 
@@ -198,27 +200,26 @@ def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional
   """
   started = time.perf_counter()
   space = _args.space(config, search_space)
-  without, with_ = (_args.data(d, space) for d in (without, with_))
+  plans = [SearchPlan.build(space, d, initial_params=initial_params) for d in (without, with_)]
   repetitions = _args.repetitions(repetitions)
-  key = _args.key(key)
+  key = _validate.prng_key("key", key)
   delta, confidence = _validate.probability("delta", delta), _validate.probability("confidence", confidence)
   trials = _validate.integer("trials", trials, low=2)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
   run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
   _check_statistic(statistic, trials, delta, confidence)
 
-  events = [acc.RepeatAndSelect(planning.candidate_event(space, d.num_examples), repetitions)
-            for d in (without, with_)]
+  events = [acc.RepeatAndSelect(planning.plan_event(plan), repetitions) for plan in plans]
   accounted = _accounted(events, delta, methods)
   sides, trained = [], 0
   with tqdm(total=2 * trials, disable=not progress, desc="audit trials", unit="search") as bar:
-    for side, (data, name) in enumerate(((without, "D"), (with_, "D_prime"))):
-      store = durable.CandidateStore.for_search(
-          "audit_search", space, data, key, run_dir=run_dir and os.path.join(run_dir, name),
-          trainer=trainer, engine_kwargs=engine_kwargs, initial_params=initial_params, side=name,
-          trials=trials, repetitions=repetitions)
-      with store:
-        values, n = _run_side(space, data, repetitions, side, key, trials, statistic, store, bar)
+    for side, (plan, name) in enumerate(zip(plans, ("D", "D_prime"))):
+      fingerprint = plan.search_fields("audit_search", key, side=name, trials=trials,
+                                            repetitions=repetitions)
+      with CandidateStore(plan, run_dir=run_dir and os.path.join(run_dir, name),
+                          fingerprint=fingerprint, trainer=trainer,
+                          engine_kwargs=engine_kwargs) as store:
+        values, n = _run_side(space, repetitions, side, key, trials, statistic, store, bar)
       sides.append(values)
       trained += n
   bound = epsilon_lower_bound(sides[0], sides[1], delta=delta, confidence=confidence)

@@ -22,9 +22,9 @@ values at grid points only; the plotted lines join them.
 
 Writes ps_fig{2..6}.{png,pdf,csv} (long-format CSVs) to --out.
 
-Usage:
-  python -m jaxdp.experiments.analytic_figures --out figures
-  python -m jaxdp.experiments.analytic_figures --out /tmp/psfigs --quick
+Usage (or python -m jaxdp.experiments.analytic_figures):
+  python experiments/analytic_figures.py --out figures
+  python experiments/analytic_figures.py --out /tmp/psfigs --quick
 """
 
 from __future__ import annotations
@@ -408,9 +408,9 @@ def figure6(table: Sequence[dict], out_dir: str) -> list:
 # ----------------------------------------------------------------------------- CLI
 
 
-def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def _parse_args(argv: Optional[Sequence[str]], prog: str) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
-      prog="python -m jaxdp.experiments.analytic_figures",
+      prog=prog,
       description="Reproduce the pure-accounting Figures 2-6 of Papernot & Steinke (ICLR 2022): "
                   "PNG, PDF and long-format CSV per figure.")
   parser.add_argument("--out", default="figures",
@@ -431,16 +431,17 @@ def _check_writable(out_dir: str) -> Optional[str]:
   return None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m jaxdp.experiments.analytic_figures") -> int:
   """Writes ps_fig{2..6}.{png,pdf,csv} to --out.
 
   Args:
     argv: command-line arguments without the program name; None means sys.argv.
+    prog: the command's name in --help.
 
   Returns:
     0 on success, 2 if the output directory cannot be written.
   """
-  args = _parse_args(argv)
+  args = _parse_args(argv, prog)
   common.use_headless_matplotlib()
   reason = _check_writable(args.out)
   if reason is not None:

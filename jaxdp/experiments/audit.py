@@ -23,7 +23,12 @@ exits with 3.
 
 Writes audit.{png,pdf,csv,json} to --out.
 
-  python -m jaxdp.experiments.audit --profile quick --out figures
+  python experiments/audit.py --profile quick --out figures   (or `jaxdp audit ...` in a clone)
+
+The profiles (`quick`, `full`: how many searches per data set) are defined in
+the repository's experiments/audit.py, the script that runs this pipeline on
+them; `jaxdp audit` and `python -m jaxdp.experiments.audit` read them from
+there (`PROFILES` below).
 """
 
 from __future__ import annotations
@@ -51,10 +56,14 @@ class Profile:
   outlier_sigma: float
 
 
-PROFILES = {
-    "quick": Profile(gadget_trials=20000, outlier_trials=200, gadget_sigma=0.5, outlier_sigma=1.0),
-    "full": Profile(gadget_trials=200000, outlier_trials=2000, gadget_sigma=0.5, outlier_sigma=1.0),
-}
+def __getattr__(name: str):
+  # The profiles are the audit's configuration: defined once, beside its launch script in the
+  # repository's experiments/ (which the wheel does not ship), and read from there on first use.
+  if name == "PROFILES":
+    return common.figure_profiles("audit")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 METHODS = ("rdp", "profile", "best")
 CSV_COLUMNS = ("scenario", "repetitions", "trials", "confidence", "delta", "lower_bound", "exact_epsilon",
                "exact_epsilon_lo", "accounted_rdp", "accounted_profile", "accounted_best", "tpr", "fpr",
@@ -167,15 +176,22 @@ def plot(rows: list, path_base: str) -> None:
   plt.close(fig)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Writes audit.{png,pdf,csv,json}; returns 0, 2 for bad arguments, 3 if a bound is violated."""
+def main(argv: Optional[Sequence[str]] = None, profiles: Optional[dict] = None, prog: str = "jaxdp audit") -> int:
+  """Writes audit.{png,pdf,csv,json} for `profiles[--profile]` (default: experiments/audit.py's);
+  returns 0, 2 for bad arguments, 3 if a bound is violated."""
   import argparse  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(prog="jaxdp audit", description=__doc__.split("\n\n")[0],
+  try:
+    profiles = common.figure_profiles("audit") if profiles is None else profiles
+  except common.UsageError as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+  parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter,
                                    epilog=__doc__.split("\n\n", 1)[1])
-  parser.add_argument("--profile", default="quick", choices=sorted(PROFILES),
-                      help="quick: 20,000 searches per data set for each gadget scenario and 200 for "
-                           "the realistic one (a few minutes on 2 cores); full: 200,000 and 2,000")
+  parser.add_argument("--profile", default="quick", choices=sorted(profiles),
+                      help="; ".join(f"{name}: {p.gadget_trials:,} searches per data set for each gadget "
+                                     f"scenario and {p.outlier_trials:,} for the realistic one"
+                                     for name, p in profiles.items()) + " (experiments/audit.py)")
   parser.add_argument("--out", default="figures", help="output directory (default: figures)")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
   args = parser.parse_args(argv)
@@ -187,7 +203,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   common.expose_host_devices()
   common.use_headless_matplotlib()
   start = time.perf_counter()
-  rows = run(PROFILES[args.profile], progress=not args.no_progress)
+  rows = run(profiles[args.profile], progress=not args.no_progress)
   broken = violations(rows)
   with common.staged_outputs(out) as stage:
     with open(os.path.join(stage, "audit.csv"), "w", newline="") as f:

@@ -11,6 +11,7 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import Optional
 
 
 def expose_host_devices() -> None:
@@ -40,12 +41,67 @@ class UsageError(ValueError):
   """A bad command-line value; the scripts print it and exit with code 2."""
 
 
-def profile_parser(prog: str, doc: str, profiles, profile_help: str):
+#: Overrides where the figures' profiles are read from: a directory holding `<figure>.py` files.
+EXPERIMENTS_ENV = "JAXDP_EXPERIMENTS"
+
+
+def experiments_dir() -> Optional[str]:
+  """The directory of the figures' profiles and launch scripts, None if there is none.
+
+  `$JAXDP_EXPERIMENTS` when set, else the top-level experiments/ of the clone
+  this jaxdp was imported from (an editable install, or a clone on PYTHONPATH
+  or as the working directory). The wheel does not ship that directory, so an
+  installed jaxdp has none; the pyproject.toml beside it tells a clone from an
+  unrelated `experiments` package next to a jaxdp in site-packages.
+  """
+  env = os.environ.get(EXPERIMENTS_ENV)
+  if env:
+    return env
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  if os.path.isfile(os.path.join(root, "pyproject.toml")) and os.path.isdir(os.path.join(root, "experiments")):
+    return os.path.join(root, "experiments")
+  return None
+
+
+def figure_script(figure: str):
+  """The module experiments/<figure>.py, where the figure's profiles are defined.
+
+  Loaded by path (once per file), so it needs no `experiments` package on
+  sys.path. Raises UsageError where there is no such file (an installed wheel
+  without `$JAXDP_EXPERIMENTS`).
+  """
+  where = experiments_dir()
+  path = None if where is None else os.path.join(where, f"{figure}.py")
+  if path is None or not os.path.isfile(path):
+    raise UsageError(
+        f"the profiles of {figure!r} are defined in experiments/{figure}.py of the jaxdp repository, "
+        + ("which this installed jaxdp does not include" if path is None else f"and {path} does not exist")
+        + f": run from a clone (`pip install -e .` there) or set {EXPERIMENTS_ENV} to a clone's experiments/")
+  return _load_script(os.path.realpath(path), figure)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_script(path: str, figure: str):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(f"experiments.{figure}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def figure_profiles(figure: str) -> dict:
+  """`PROFILES` of experiments/<figure>.py: profile name -> the pipeline's Profile."""
+  return figure_script(figure).PROFILES
+
+
+def profile_parser(prog: str, doc: str, profiles: dict, figure: str):
   """The options every figure pipeline shares: --profile, --out, --dry-run."""
   import argparse  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--profile", default="quick", choices=sorted(profiles), help=profile_help)
+  parser.add_argument("--profile", default="quick", choices=sorted(profiles),
+                      help=f"one of the profiles defined (and described) in experiments/{figure}.py "
+                           "(default: quick)")
   parser.add_argument("--out", default="figures", help="output directory (default: figures)")
   parser.add_argument("--dry-run", action="store_true",
                       help="build the profile's configuration and run one DP step, then stop")

@@ -9,7 +9,7 @@ the outliers, so releasing the tuned alpha (non-privately) tells whether the
 outliers were in the data. Every alpha is trained at once with `jax.vmap`;
 curves are averaged over several random draws of the 40 points.
 
-  python -m jaxdp.experiments.fig1 [--out figures] [--datasets 20]
+  python experiments/fig1.py [--out figures] [--datasets 20]   (or python -m jaxdp.experiments.fig1)
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def run(n_datasets: int, seed: int = 0) -> dict:
   return curves
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m jaxdp.experiments.fig1", description=__doc__.split("\n\n")[0])
+def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m jaxdp.experiments.fig1") -> int:
+  parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", default="figures", help="output directory (default: figures)")
   parser.add_argument("--datasets", type=int, default=20, help="random draws of the 40 points to average (>= 1)")
   parser.add_argument("--seed", type=int, default=0)

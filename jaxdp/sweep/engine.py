@@ -38,7 +38,7 @@ import functools
 import math
 import os
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -48,9 +48,11 @@ from tqdm.auto import tqdm
 from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
+from jaxdp.sweep.plan import SearchPlan, as_plan
 from jaxdp.sweep.space import Candidate, candidate_keys
-from jaxdp.train import checks, program
+from jaxdp.train import program
 from jaxdp.train.program import LoopOutput, LoopSpec
+from jaxdp.train.run_plan import RunPlan
 from jaxdp.train.trainer import CandidateResult, device_splits, result_of
 
 # Memory model of one candidate on an accelerator (`auto_candidates_per_device`):
@@ -170,6 +172,7 @@ class _Group:
   of `data_parallel` microbatches (`LoopSpec.for_data_parallel`)."""
   spec: LoopSpec
   indices: list
+  run: RunPlan
   data_parallel: int = 1
 
 
@@ -182,68 +185,66 @@ class _Job:
   compile_time_s: float
 
 
-def _check_arguments(candidates, data: Dataset, max_candidates_per_device, devices) -> tuple:
-  """The devices to use, after checking every argument (nothing trains before)."""
-  for c in candidates:
-    if not isinstance(c, Candidate):
-      raise ValueError(f"candidates must be Candidate objects, got {type(c).__name__}")
-  for task in {id(c.config.task): c.config.task for c in candidates}.values():
-    checks.check_data(task, data)
+def check_options(max_candidates_per_device: Optional[int] = None,
+                  devices: Optional[Sequence[jax.Device]] = None, progress: bool = False,
+                  on_chunk: Optional[Callable[[list], None]] = None) -> tuple:
+  """The devices to use, after checking the engine's options (tuners check theirs here too,
+  before anything is drawn)."""
   if max_candidates_per_device is not None:
     _validate.integer("max_candidates_per_device", max_candidates_per_device, low=1)
-  devices = tuple(devices) if devices is not None else tuple(jax.devices())
-  if not devices:
-    raise ValueError("devices must not be empty")
-  return devices
+  if devices is not None and (isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence)
+                              or not devices or not all(isinstance(d, jax.Device) for d in devices)):
+    empty = " (devices must not be empty)" if isinstance(devices, Sequence) and not devices else ""
+    raise ValueError(f"devices must be a non-empty sequence of jax.Device (None: all), got "
+                     f"{devices!r}{empty}")
+  if not isinstance(progress, (bool, np.bool_)):
+    raise ValueError(f"progress must be a bool (True or False), got {progress!r}")
+  if on_chunk is not None and not callable(on_chunk):
+    raise ValueError(f"on_chunk must be a callable or None, got {on_chunk!r}")
+  return tuple(devices) if devices is not None else tuple(jax.devices())
 
 
-def _groups(candidates, data: Dataset, num_devices: int, search_size: Optional[int]) -> list:
+def _groups(candidates, plan: SearchPlan, num_devices: int, search_size: Optional[int]) -> list:
   """Candidates grouped by `LoopSpec` and `ExecutionConfig.data_parallel`, in first-seen
-  order. The automatic degree is chosen for `search_size` candidates (default: the
-  group's). Every group's task and degree are checked before any group trains."""
+  order, from the plan's runs. The automatic degree is chosen for `search_size` candidates
+  (default: the group's) and checked for every group before any trains."""
   by_spec: dict = {}
-  specs: dict = {}  # a search's candidates share a few config objects: one spec each
   for i, cand in enumerate(candidates):
-    config = cand.config
-    if id(config) not in specs:
-      specs[id(config)] = (LoopSpec.from_config(config, data), config.execution.data_parallel, config)
-    spec, requested, _ = specs[id(config)]
-    by_spec.setdefault((spec, requested), []).append(i)
+    run = plan.run_of(cand.config)
+    by_spec.setdefault((run.spec, cand.config.execution.data_parallel), (run, []))[1].append(i)
   groups = []
-  for (spec, requested), indices in by_spec.items():
+  for (spec, requested), (run, indices) in by_spec.items():
     degree = data_parallel_degree(requested, search_size or len(indices), num_devices)
-    groups.append(_Group(spec.for_data_parallel(degree), indices, degree))
-  for spec, _ in by_spec:
-    checks.check_task(spec, data)
+    groups.append(_Group(spec.for_data_parallel(degree), indices, run, degree))
   return groups
 
 
-def _chunk_inputs(candidates, part: list, chunk: int, n: int, spec: LoopSpec, mesh: Mesh):
-  """(plans, traced hyperparameters, keys) of one chunk, sharded over the candidate axis
+def _chunk_inputs(candidates, part: list, chunk: int, plan: SearchPlan, spec: LoopSpec, mesh: Mesh):
+  """(DP-SGD plans, traced hyperparameters, keys) of one chunk, sharded over the candidate axis
   (and replicated over the data axis)."""
   padded = part + [part[-1]] * (chunk - len(part))  # copies fill the last chunk: one compilation
   configs = [candidates[i].config for i in padded]
-  by_config = {id(c): c.plan(n).for_device() for c in configs}  # a few distinct configs per chunk
-  plan = jax.tree.map(lambda *xs: np.asarray(xs, np.float32), *[by_config[id(c)] for c in configs])
+  dp_plan = jax.tree.map(lambda *xs: np.asarray(xs, np.float32),
+                         *[plan.run_of(c).dp_plan for c in configs])
   traced = {name: np.asarray([c.hparams[name] for c in configs], np.float32)
             for name in spec.traced_names}
   # Keyed by (grid point, seed): equal seeds at two points must not share noise.
   keys = candidate_keys([candidates[i] for i in padded])
-  return jax.device_put((plan, traced, keys), NamedSharding(mesh, P("candidates")))
+  return jax.device_put((dp_plan, traced, keys), NamedSharding(mesh, P("candidates")))
 
 
-def _dispatch_group(group: _Group, candidates, data: Dataset, splits: tuple, devices: tuple,
-                    per_device: int, initial, bar) -> Iterator[_Job]:
+def _dispatch_group(group: _Group, candidates, plan: SearchPlan, splits: tuple, devices: tuple,
+                    per_device: int, bar) -> Iterator[_Job]:
   """Dispatches the group's chunks one by one (asynchronously: each returns at once)."""
   mesh = _mesh(devices, group.data_parallel)
   chunk = per_device * mesh.shape["candidates"]
+  initial = group.run.initial
   if initial is not None:  # replicated once per group
     initial = jax.device_put(initial, NamedSharding(mesh, P()))
   compile_s = None
   for start in range(0, len(group.indices), chunk):
     part = group.indices[start:start + chunk]
-    args = (*_chunk_inputs(candidates, part, chunk, data.num_examples, group.spec, mesh), *splits,
-            initial)
+    args = (*_chunk_inputs(candidates, part, chunk, plan, group.spec, mesh), *splits, initial)
     if compile_s is None:
       bar.set_postfix_str("compiling")
       executable, compile_s = _compiled_chunk(group.spec, devices, per_device, group.data_parallel,
@@ -257,9 +258,9 @@ class _Collector:
   """Turns finished jobs into `CandidateResult`s in the input order, and hands each
   chunk's results to `on_chunk` as soon as they are there."""
 
-  def __init__(self, candidates, num_examples: int, keep_params: bool,
+  def __init__(self, candidates, plan: SearchPlan, keep_params: bool,
                on_chunk: Optional[Callable[[list], None]], bar):
-    self.candidates, self.num_examples, self.keep_params = candidates, num_examples, keep_params
+    self.candidates, self.plan, self.keep_params = candidates, plan, keep_params
     self.on_chunk, self.bar = on_chunk, bar
     self.results: list = [None] * len(candidates)
     self.last_done = time.perf_counter()
@@ -277,7 +278,7 @@ class _Collector:
     for j, i in enumerate(job.indices):
       params = jax.tree.map(lambda leaf, j=j: leaf[j], out.params) if self.keep_params else None
       one = LoopOutput(params=params, steps=out.steps[j], finite=out.finite[j])
-      self.results[i] = result_of(self.candidates[i].config, self.num_examples, one, score[j],
+      self.results[i] = result_of(self.plan.run_of(self.candidates[i].config), one, score[j],
                                   test_score[j], test_loss[j], elapsed, params=params,
                                   compile_time_s=job.compile_time_s)
       done.append((self.candidates[i], self.results[i]))
@@ -286,7 +287,7 @@ class _Collector:
     self.bar.update(len(job.indices))
 
 
-def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
+def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, SearchPlan], *,
                      max_candidates_per_device: Optional[int] = None,
                      devices: Optional[Sequence[jax.Device]] = None,
                      keep_params: bool = False, progress: bool = False,
@@ -301,8 +302,11 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
 
   Args:
     candidates: the candidates (grid point, config, seed).
-    data: a `jaxdp.data.Dataset`: private train split; the score reads the
-      public test split (or, for a DP score, the private validation split).
+    data: the `jaxdp.sweep.SearchPlan` the candidates belong to (a tuner's:
+      nothing is checked or derived again), or a `jaxdp.data.Dataset`
+      (private train split; the score reads the public test split or, for a
+      DP score, the private validation split), of which the plan is built
+      here (`SearchPlan.for_candidates`).
     max_candidates_per_device: candidates vmapped on one device (or, with
       data parallelism, one group of devices) at once; None picks
       `auto_candidates_per_device`.
@@ -316,7 +320,8 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
       all of the model's or some (a pretrained backbone; the rest is
       initialised from each candidate's key), see
       `jaxdp.train.checks.check_initial_params`. Checked against every
-      group's model before anything trains.
+      group's model before anything trains. Only with a `Dataset`: a
+      `SearchPlan` holds its own.
     search_size: the number of candidates the automatic layout is chosen for
       (None: each group's own): the data-parallel degree P
       (`data_parallel_degree`) and how many candidates a chunk holds. The
@@ -338,20 +343,16 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
       `ExecutionConfig.data_parallel` that does not divide the number of
       devices; before anything trains.
   """
-  devices = _check_arguments(candidates, data, max_candidates_per_device, devices)
+  devices = check_options(max_candidates_per_device, devices, progress, on_chunk)
+  plan = as_plan(candidates, data, initial_params)
   if search_size is not None:
     search_size = _validate.integer("search_size", search_size, low=1)
-  groups = _groups(candidates, data, len(devices), search_size)
-  # Shaped like each group's parameters (None where initialised from the key); a mismatch
-  # with any group's model raises here, before anything trains.
-  initials = [None if initial_params is None else
-              checks.check_initial_params(initial_params, program.param_shapes(g.spec, data.train))
-              for g in groups]
+  groups = _groups(candidates, plan, len(devices), search_size)
   mesh = Mesh(np.array(devices), ("devices",))
   # Once per call, replicated on every device: no host round-trip per chunk.
-  splits = jax.device_put(device_splits(data), NamedSharding(mesh, P()))
+  splits = jax.device_put(device_splits(plan.data), NamedSharding(mesh, P()))
   with tqdm(total=len(candidates), disable=not progress, desc="candidates", unit="cand") as bar:
-    collector = _Collector(candidates, data.num_examples, keep_params, on_chunk, bar)
+    collector = _Collector(candidates, plan, keep_params, on_chunk, bar)
     pending = None
     for g, group in enumerate(groups):
       bar.set_description(f"candidates (group {g + 1}/{len(groups)})")
@@ -359,8 +360,7 @@ def train_candidates(candidates: Sequence[Candidate], data: Dataset, *,
                                                                             splits[0])
       slots = len(devices) // group.data_parallel  # candidates trained side by side
       per_device = min(per_device, math.ceil((search_size or len(group.indices)) / slots))
-      for job in _dispatch_group(group, candidates, data, splits, devices, per_device, initials[g],
-                                 bar):
+      for job in _dispatch_group(group, candidates, plan, splits, devices, per_device, bar):
         if pending is not None:
           collector.finish(pending)  # the host's work overlaps the job just dispatched
         pending = job

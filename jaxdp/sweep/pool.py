@@ -49,15 +49,13 @@ import json
 import math
 import os
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdp.sweep import engine
-from jaxdp.sweep.space import (KEY_DERIVATION, MECHANISM_PARTS, Candidate, event_record,
-                               mechanism_record, point_key)
+from jaxdp.sweep.space import KEY_DERIVATION, MECHANISM_PARTS, point_key
 
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
@@ -73,9 +71,9 @@ _CHECKSUM = "sha256"
 _RESERVED = "jaxdp_pool"
 #: The manifest's record of what each grid point computes: part -> point key -> value.
 _MECHANISM = "jaxdp_mechanism"
-#: `run_sweep` adds these to the caller's fingerprint: the data's sha256 and the
-#: digest of `initial_params`.
-_DATA, _INITIAL = "jaxdp_data", "jaxdp_initial_params"
+#: A `jaxdp.sweep.SearchPlan` adds these to every fingerprint: the data's sha256 and the
+#: digest of `initial_params` (a reader may leave them out).
+DATA_KEY, INITIAL_KEY = "jaxdp_data", "jaxdp_initial_params"
 _SHORT = 240  # characters of a value a mismatch message quotes
 
 
@@ -128,7 +126,7 @@ def _checked_mechanism(mechanism) -> dict:
       for part, entries in mechanism.items())
   if not ok:
     raise ValueError(f"mechanism must be None or a mapping part -> {{grid point key: str}} with parts "
-                     f"in {MECHANISM_PARTS} (jaxdp.sweep.space.mechanism_record), got {mechanism!r:.200}")
+                     f"in {MECHANISM_PARTS} (jaxdp.sweep.SearchPlan.mechanism), got {mechanism!r:.200}")
   return {part: dict(entries) for part, entries in mechanism.items()}
 
 
@@ -214,7 +212,7 @@ class ResultPool:
       writing anything (e.g. while a sweep is filling it, or from a read-only
       copy). Damaged lines are reported and skipped, but left in place.
     mechanism: None, or what each grid point's candidates compute
-      (`jaxdp.sweep.space.mechanism_record`: part -> point key -> value).
+      (`jaxdp.sweep.SearchPlan.mechanism`: part -> point key -> value).
       Points the manifest records must agree; the others are added (not in
       `read_only`). None checks nothing of it (a reader); a reader may also
       leave out the data and initial-parameter digests `run_sweep` adds to
@@ -369,7 +367,7 @@ class ResultPool:
     recorded = stored.pop(_MECHANISM, None) or {}
     del expected[_MECHANISM]
     if self.read_only:  # a reader need not restate what run_sweep added (it writes nothing)
-      for key in (_DATA, _INITIAL):
+      for key in (DATA_KEY, INITIAL_KEY):
         if key not in expected:
           stored.pop(key, None)
     diff = sorted(k for k in set(stored) | set(expected) if stored.get(k) != expected.get(k))
@@ -623,104 +621,3 @@ class ResultPool:
     warnings.warn(f"{self._path}: {len(gone)} record(s) moved to {self.quarantine_path} ({why}); "
                   "they will be trained again", stacklevel=2)
     self._records, self._size, self._ids = keep, len(data), {r["id"] for r in keep}
-
-
-def data_fingerprint(data) -> dict:
-  """sha256 of every split's arrays (shapes, dtypes, bytes) and the declared sizes."""
-  digest = hashlib.sha256()
-  for name in ("train", "test", "private_validation"):
-    split = getattr(data, name)
-    digest.update(name.encode())
-    if split is None:
-      continue
-    leaves, treedef = jax.tree_util.tree_flatten(split)
-    digest.update(str(treedef).encode())
-    for leaf in leaves:
-      leaf = np.ascontiguousarray(np.asarray(leaf))
-      digest.update(f"{leaf.dtype}{leaf.shape}".encode())
-      digest.update(leaf.tobytes())
-  return {"sha256": digest.hexdigest(), "num_examples": data.num_examples}
-
-
-def params_digest(tree: Any) -> str:
-  """sha256 of a parameter tree: its paths, dtypes, shapes and bytes."""
-  digest = hashlib.sha256()
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    leaf = np.ascontiguousarray(np.asarray(leaf))
-    digest.update(f"{jax.tree_util.keystr(path)}{leaf.dtype}{leaf.shape}".encode())
-    digest.update(leaf.tobytes())
-  return digest.hexdigest()
-
-
-def result_fields(result) -> dict:
-  """What a pool record keeps of a `CandidateResult` (not its parameters)."""
-  return {"score": result.score, "test_score": result.test_score, "test_loss": result.test_loss,
-          "score_source": result.score_source, "steps": result.steps,
-          "planned_steps": result.planned_steps, "diverged": result.diverged,
-          "epsilon": result.epsilon, "delta": result.delta, "wall_time_s": result.wall_time_s}
-
-
-def record_of(candidate: Candidate, result, num_examples: Optional[int] = None) -> dict:
-  """The pool record of a trained candidate (no parameters).
-
-  `num_examples` (the training set size) is needed for configs that give an
-  expected `batch_size` (their DpEvent depends on N).
-  """
-  return {"id": candidate.id, "point": dict(candidate.point), "seed": candidate.seed,
-          **result_fields(result), "dp_event": event_record(candidate.config, num_examples)}
-
-
-def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: Mapping[str, Any], *,
-              progress: bool = True, trainer: Optional[Callable[..., list]] = None, **engine_kwargs) -> ResultPool:
-  """Trains the candidates not yet in the pool at `run_dir`, appending each chunk as it ends.
-
-  Args:
-    candidates: all candidates of the sweep (finished ones are skipped).
-    data: a `jaxdp.data.Dataset`.
-    run_dir: the pool's directory.
-    fingerprint: what the sweep is; a directory with another one is refused.
-      The mechanism of every grid point among `candidates` (its
-      configuration, DpEvent and program digest,
-      `jaxdp.sweep.space.mechanism_record`), the data's sha256 and the
-      digest of `initial_params` are added to it here: a pool resumed with
-      another C, hyperparameter, noise multiplier, DP score, clipping path,
-      trainable set, loss, model, optimizer, data or public start is refused
-      whatever `fingerprint` says; a rerun may add grid points and seeds.
-    progress: progress bar with ETA.
-    trainer: the training backend, `engine.train_candidates` by default (the
-      Ray backend has the same signature). It is called only after the pool
-      has been checked, here on the driver.
-    **engine_kwargs: passed to the backend (`max_candidates_per_device`, ...).
-
-  Returns:
-    The `ResultPool`, now holding every candidate, closed (its writer lock
-    released; its records stay readable).
-
-  Raises:
-    PoolLockedError: another process is writing `run_dir`.
-    SearchMismatchError: `run_dir` holds another sweep or mechanism (before
-      anything trains); `PoolMismatchError`: an older pool format.
-    ValueError: a task does not fit `data` (before anything trains).
-  """
-  if len({c.id for c in candidates}) != len(candidates):
-    raise ValueError("candidates must be distinct (same grid point and seed given twice)")
-  mechanism = mechanism_record(((c.point, c.config) for c in candidates), data)
-  # What the candidates read besides their configuration: the data and any public start.
-  if not isinstance(fingerprint, Mapping) or _DATA in fingerprint or _INITIAL in fingerprint:
-    raise ValueError(f"fingerprint must be a mapping without the keys {_DATA!r} and {_INITIAL!r} "
-                     f"(run_sweep adds them), got {fingerprint!r:.200}")
-  fingerprint = dict(fingerprint)
-  if data is not None:
-    fingerprint[_DATA] = data_fingerprint(data)
-  if engine_kwargs.get("initial_params") is not None:
-    fingerprint[_INITIAL] = params_digest(engine_kwargs["initial_params"])
-  with ResultPool(run_dir, fingerprint, mechanism=mechanism) as pool:
-    done = pool.done_ids()
-    todo = [c for c in candidates if c.id not in done]
-    if todo:
-      train = trainer or engine.train_candidates
-      # The layout of the whole sweep: a resumed candidate gets the same bits.
-      train(todo, data, progress=progress, search_size=len(candidates),
-            on_chunk=lambda chunk: pool.append(record_of(c, r, data.num_examples) for c, r in chunk),
-            **engine_kwargs)
-  return pool

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp.sweep import engine
+from jaxdp.sweep.plan import as_plan
 
 
 def _require_ray():
@@ -28,7 +29,7 @@ def _require_ray():
 
 
 # What each worker process has deserialised, by object id: the candidates, the
-# data and the engine's arguments (initial parameters included) of one call are
+# plan (data and public start included) and the engine's arguments of one call are
 # put in Ray's object store once, and a worker turns them into objects once. Its tasks then share the same `Task` objects, hence
 # (tasks compare by identity in a `LoopSpec`) the same compiled programs: only
 # a worker's first chunk of a call compiles.
@@ -62,20 +63,22 @@ def _check_reachable(address: Optional[str], timeout_s: float = 5.0) -> None:
 
 
 def _train_chunk(box: list, indices: list) -> list:
-  candidates, data, engine_kwargs = _shared(box)
-  return engine.train_candidates([candidates[i] for i in indices], data, **engine_kwargs)
+  candidates, plan, engine_kwargs = _shared(box)
+  return engine.train_candidates([candidates[i] for i in indices], plan, **engine_kwargs)
 
 
 def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num_cpus: float = 1,
                          num_gpus: float = 0, address: Optional[str] = None, max_retries: int = 3,
                          progress: bool = False, on_chunk: Optional[Callable[[list], None]] = None,
-                         keep_params: bool = False, **engine_kwargs) -> list:
+                         keep_params: bool = False, initial_params=None, **engine_kwargs) -> list:
   """Trains candidates in Ray tasks of `chunk_size` candidates each.
 
   Args:
     candidates: the candidates.
-    data: the `Dataset` (put in Ray's object store once, with the candidates;
-      each worker deserialises them once per call).
+    data: their `jaxdp.sweep.SearchPlan`, or a `Dataset` of which the plan is
+      built here, on the driver (checked once); the plan is put in Ray's
+      object store once, with the candidates, and each worker deserialises
+      them once per call and checks nothing again.
     chunk_size: candidates per task (>= 1); a killed task loses at most these.
     num_cpus, num_gpus: resources each task asks Ray for.
     address: the cluster to join when Ray is not initialised yet ("auto", or
@@ -86,6 +89,7 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
     progress: progress bar with ETA.
     on_chunk: called with (candidate, result) pairs as each task finishes.
     keep_params: return parameters too (they travel back through Ray).
+    initial_params: as in `engine.train_candidates` (only with a `Dataset`).
     **engine_kwargs: passed to `engine.train_candidates` inside each task;
       its `search_size` is capped at `chunk_size` (each task lays out a full
       chunk, so a candidate gets the same bits in whichever chunk it lands).
@@ -104,6 +108,9 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
     raise ValueError("devices names this process's jax devices, which a Ray task does not have: "
                      "each task trains on the devices its worker sees (num_gpus= asks Ray for them)")
   max_retries = _validate.integer("max_retries", max_retries, low=0)
+  engine.check_options(progress=progress, on_chunk=on_chunk, max_candidates_per_device=engine_kwargs.get(
+      "max_candidates_per_device"))
+  plan = as_plan(candidates, data, initial_params)
   if not ray.is_initialized():
     _check_reachable(address)
     try:
@@ -117,7 +124,7 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
   # the short last chunk, or a rerun of only what a crash left missing.
   search_size = min(chunk_size, engine_kwargs.pop("search_size", None) or chunk_size)
   kwargs = dict(engine_kwargs, keep_params=keep_params, search_size=search_size)
-  box = [ray.put((list(candidates), data, kwargs))]
+  box = [ray.put((list(candidates), plan, kwargs))]
   pending = {}
   for start in range(0, len(candidates), chunk_size):
     idx = list(range(start, min(start + chunk_size, len(candidates))))

@@ -30,9 +30,7 @@ import numpy as np
 
 from jaxdp import _validate
 from jaxdp.train import CONFIG_FIELDS, TrainConfig
-from jaxdp.train import checks
-from jaxdp.train import digest as digest_lib
-from jaxdp.train.program import LoopSpec
+
 
 def _json_value(value):
   """A JSON-safe stand-in for one config value (numbers, strings, None pass; objects by repr)."""
@@ -61,62 +59,13 @@ def config_record(config) -> dict:
   return record
 
 
-def event_record(config, num_examples: Optional[int]) -> str:
-  """The DpEvent of `config` on `num_examples` training examples, as stored in pools (its repr).
-
-  It is the whole candidate's event: its DP-SGD training and, for a DP score,
-  the score's event composed with it. Deterministic across processes (the
-  events are attrs classes of numbers; an address a user's event might print
-  is scrubbed).
-  """
-  return digest_lib.scrub(repr(config.dp_event(num_examples)))
-
-
-#: The parts of a pool's mechanism record (`mechanism_record`), by name.
+#: The parts of a pool's mechanism record (`jaxdp.sweep.SearchPlan.mechanism`), by name.
 MECHANISM_PARTS = ("configs", "dp_events", "programs")
 
 
 def point_key(point: Mapping[str, Any]) -> str:
   """A grid point as the canonical JSON string that keys it in manifests."""
   return _canonical_point(point).decode()
-
-
-def mechanism_record(points_and_configs, data) -> dict:
-  """What each grid point's candidates compute and what is accounted for them.
-
-  Args:
-    points_and_configs: (point, `TrainConfig`) pairs (repeats allowed: one
-      entry per distinct point).
-    data: the `Dataset` the candidates train on.
-
-  Returns:
-    {"configs": {point key: `config_record` as JSON}, "dp_events": {point
-    key: `event_record`}, "programs": {point key:
-    `jaxdp.train.digest.program_digest`}}, keyed by `point_key`. The
-    configuration holds the values the program reads only as traced inputs
-    (C, the learning rate and every other traced hyperparameter); the
-    program is traced once per distinct `LoopSpec` (a grid varying only
-    traced hyperparameters traces one).
-
-  Raises:
-    ValueError: a configuration's task does not fit `data`.
-  """
-  configs = {}
-  for point, config in points_and_configs:
-    configs.setdefault(point_key(point), config)
-  if not configs:
-    return {part: {} for part in MECHANISM_PARTS}
-  for task in {id(c.task): c.task for c in configs.values()}.values():
-    checks.check_data(task, data)
-  n = data.num_examples
-  specs = {key: LoopSpec.from_config(config, data) for key, config in configs.items()}
-  programs = {}
-  for spec in dict.fromkeys(specs.values()):
-    programs[spec] = digest_lib.program_digest(spec, data)
-  return {"configs": {key: digest_lib.scrub(json.dumps(config_record(config), sort_keys=True))
-                      for key, config in sorted(configs.items())},
-          "dp_events": {key: event_record(config, n) for key, config in sorted(configs.items())},
-          "programs": {key: programs[specs[key]] for key in sorted(configs)}}
 
 
 def _plain(value):
@@ -156,10 +105,10 @@ class SearchSpace:
       if not isinstance(name, str):
         raise ValueError(f"grid names must be strings, got {name!r}")
       if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) and not isinstance(values, np.ndarray):
-        raise ValueError(f"grid[{name!r}] must be a sequence of values, got {values!r}")
+        raise ValueError(f"grid[{name!r}] must be a non-empty sequence of values, got {values!r}")
       values = tuple(_plain(v) for v in values)
       if not values:
-        raise ValueError(f"grid[{name!r}] must not be empty")
+        raise ValueError(f"grid[{name!r}] must be a non-empty sequence of values: it must not be empty")
       grid[name] = values
     if "steps" in grid and "epochs" in grid:
       raise ValueError("grid may vary steps or epochs, not both")

@@ -21,10 +21,13 @@
   program      LoopSpec and the pure programs (train loop, scoring, one
                candidate), compiled once per spec.
   checks       shape checks of a task against its data, before any work.
+  schedules    optax's learning-rate schedules with a traced peak
+               (`schedules.warmup_cosine(hp["learning_rate"], 10, hp.num_steps)`).
   trainer      train_candidate and its CandidateResult.
 """
 
 from jaxdp.train import presets
+from jaxdp.train import schedules
 from jaxdp.train.clipping import (ClipScales, ClipState, NormBound, clip_per_example, clip_scales, clip_per_example_l2,
                                   clipped_grad_sum, gradient_bound, per_example_global_norms,
                                   per_example_grads, weighted_sum)
@@ -53,5 +56,5 @@ __all__ = [
     "clip_per_example", "clip_per_example_l2", "clipped_grad_sum", "default_padded_batch_size",
     "EPSILON_METHOD", "epsilon", "init_params", "keep_hparams", "normalize_by_expected_batch_size",
     "per_example_global_norms", "per_example_grads", "poisson_batch_sum", "poisson_mask",
-    "presets", "sampled_indices", "scale_learning_rate", "train_candidate", "weighted_sum",
+    "presets", "sampled_indices", "schedules", "scale_learning_rate", "train_candidate", "weighted_sum",
 ]

@@ -25,7 +25,7 @@ from jaxdp.accounting import events as acc_events
 from jaxdp.train import clipping
 from jaxdp.train.plan import DpSgdPlan
 from jaxdp.train.sampling import validate_batch_sizes
-from jaxdp.train.task import HParams, Task, real_hparam
+from jaxdp.train.task import STAND_IN_STEPS, HParams, Task, real_hparam, trace_optimizer
 
 #: The method behind every `CandidateResult.epsilon` and `TrainConfig.epsilon`:
 #: one candidate's RDP epsilon (a search's is `TunedResult.epsilon`, by "best").
@@ -172,7 +172,11 @@ class TrainConfig:
     object.__setattr__(self, "hparams", {k: real_hparam(k, v) for k, v in self.hparams.items()})
     if not isinstance(self.execution, ExecutionConfig):
       raise ValueError(f"execution must be an ExecutionConfig, got {self.execution!r}")
-    check_hparams(self.task, self.hparams)
+    # T is known here unless it needs N (batch_size with epochs): then the check runs on a
+    # stand-in and the run's own T is checked when the run is built.
+    check_hparams(self.task, self.hparams,
+                  num_steps=None if self.sampling_prob is None and self.steps is None
+                  else self.num_steps_for(None))
 
   def replace(self, **changes) -> "TrainConfig":
     """A copy with fields and/or hyperparameters changed, by name.
@@ -248,37 +252,67 @@ class TrainConfig:
     return epsilon(self, num_examples)
 
 
-def check_hparams(task: Task, hparams: Mapping[str, Any]) -> None:
+def check_hparams(task: Task, hparams: Mapping[str, Any], num_steps: Optional[int] = None) -> None:
   """Builds the task's model and optimizer on concrete values; every name must be read.
+
+  A name is read when the model factory or the optimizer factory reads it, or
+  when the optimizer's `init` or `update` does (a schedule closure such as
+  `lambda t: -hp["learning_rate"] * f(t)` reads it at each update): these
+  run traced on stand-in parameters (shapes only; `jaxdp.train.task.STAND_IN_PARAMS`)
+  when the factories alone leave a name unread. The optimizer factory gets
+  `hp.num_steps` = `num_steps`, the run's T (None: not known before N is,
+  a stand-in; a factory that then fails is checked on the run's T when the
+  run is built).
 
   Raises:
     ValueError: a factory fails for these values, or a hyperparameter is read
-      by neither factory (naming it), before anything trains.
+      by none of them (naming it), before anything trains.
   """
-  tracked = HParams(hparams)
+  model_hp = HParams(hparams)
+  opt_hp = HParams(hparams, num_steps=STAND_IN_STEPS if num_steps is None else num_steps)
   what = "model"
   try:
-    task.model_for(tracked)
+    task.model_for(model_hp)
     what = "optimizer"
-    task.optimizer_for(tracked)
-  except ValueError as err:
-    raise ValueError(f"task {task.name!r}: the {what} factory rejects hyperparameters {hparams}: "
-                     f"{err}") from err
+    opt = task.optimizer_for(opt_hp)
   except Exception as err:  # a user's factory may raise anything
+    if what == "optimizer" and num_steps is None and opt_hp.num_steps_read:
+      return  # it may fail for the stand-in T only: the run's T is checked when the run is built
+    if isinstance(err, ValueError):
+      raise ValueError(f"task {task.name!r}: the {what} factory rejects hyperparameters {hparams}: "
+                       f"{err}") from err
     raise ValueError(f"task {task.name!r}: the {what} factory fails for hyperparameters {hparams}: "
                      f"{type(err).__name__}: {err}") from err
-  unread = sorted(set(hparams) - tracked.read)
-  if tracked.enumerated:
+  if model_hp.enumerated or opt_hp.enumerated:
     # dict(hp) / **hp read every name through the mapping: that says nothing
     # about which of them the factory then uses.
     warnings.warn(f"task {task.name!r}: a factory iterates over its hyperparameters (dict(hp), **hp or "
                   f"hp.items()), so jaxdp cannot check that each of {sorted(hparams)} is used; read "
                   "them by name (hp['learning_rate']) to keep that check", UncheckedHparamsWarning,
                   stacklevel=4)
-  if unread:
-    raise ValueError(f"hyperparameter(s) {unread} are not read by task {task.name!r} (its model and "
-                     f"optimizer factories read {sorted(tracked.read & set(hparams))}); tuning them "
-                     "would change nothing. Remove them or use them in the task")
+  read = model_hp.read | opt_hp.read
+  if not set(hparams) - read:
+    return
+  # The rest may be read at update time (a schedule closure): run init and one update, shapes only.
+  failed = trace_optimizer(opt)
+  read = model_hp.read | opt_hp.read
+  unread = sorted(set(hparams) - read)
+  if not unread:
+    return
+  if failed is not None:
+    if num_steps is None and opt_hp.num_steps_read:
+      return  # it may fail for the stand-in T only
+    warnings.warn(f"task {task.name!r}: no factory reads hyperparameter(s) {unread}, and the optimizer's "
+                  f"init and update could not run on stand-in parameters to see whether they read them "
+                  f"({type(failed).__name__}: {str(failed).splitlines()[0] if str(failed) else ''}); "
+                  "jaxdp cannot check that they are used. Read them in the factory (lr = "
+                  "hp['learning_rate'], then use lr) to keep that check", UncheckedHparamsWarning,
+                  stacklevel=4)
+    return
+  raise ValueError(f"hyperparameter(s) {unread} are not read by task {task.name!r}: neither its model "
+                   f"factory, its optimizer factory nor the optimizer's init and update (schedules "
+                   f"included) read them (they read {sorted(read & set(hparams))}), so tuning them "
+                   "would change nothing. Remove them or use them in the task")
 
 
 _EPSILONS = LruCache(4096)

@@ -1,7 +1,7 @@
 """A digest of the program a candidate runs: its code, as JAX traces it, in one sha256.
 
-A durable search (`jaxdp.tuning.durable`) and a durable sweep
-(`jaxdp.sweep.run_sweep`) store trained candidates and read them back on a
+A durable search or sweep (`jaxdp.sweep.CandidateStore`, which the tuners
+and `jaxdp.sweep.run_sweep` train through) stores trained candidates and read them back on a
 rerun. That is private only if the rerun would run the very same mechanism,
 so the pool records what each candidate computes: its DpEvent, and the
 digest of its program made here. The program is `program.run_candidate`
@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdp.data import Dataset
-from jaxdp.train import checks, program
+from jaxdp.train import program
 from jaxdp.train.plan import DpSgdPlan
 from jaxdp.train.program import LoopSpec
 from jaxdp.train.sampling import default_padded_batch_size
@@ -167,7 +167,9 @@ def program_digest(spec: LoopSpec, data: Dataset) -> str:
   """The digest of `run_candidate` for `spec` on `data`'s shapes (see the module docstring).
 
   Args:
-    spec: the candidate's `LoopSpec` (canonicalised here: `canonical_spec`).
+    spec: the candidate's `LoopSpec`, checked on `data` (a `RunPlan`'s:
+      `jaxdp.train.run_plan.plan_runs` checked it; canonicalised here,
+      `canonical_spec`).
     data: the data it trains on; only its splits' shapes and dtypes are read.
 
   Returns:
@@ -179,13 +181,10 @@ def program_digest(spec: LoopSpec, data: Dataset) -> str:
     traced program or any constant it closes over differs.
 
   Raises:
-    ValueError: the task does not fit the data (`jaxdp.train.check_task`
-      names what), before anything is traced; or the program calls host or
-      foreign code (`jax.pure_callback`, `io_callback`, an FFI call), whose
+    ValueError: the program calls host or foreign code (`jax.pure_callback`, `io_callback`, an FFI call), whose
       behaviour no digest of the trace can see, so a durable run could not
       tell a changed mechanism from the stored one.
   """
-  checks.check_task(spec, data)
   canonical = canonical_spec(spec, data.num_train_rows)
   scalar = jax.ShapeDtypeStruct((), jnp.float32)
   # C and sigma are traced leaves of the plan (their values are the DpEvent's);

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxdp import _validate
+
 
 def round_up_float32(value) -> np.ndarray:
   """The smallest float32 >= `value` (a concrete number or NumPy array, read as float64).
@@ -42,13 +44,6 @@ class GaussianNoiseState(NamedTuple):
   l2_clip_norm: jax.Array
 
 
-def _check_key(key) -> None:
-  if not isinstance(key, jax.Array) or not (
-      jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-      or (key.dtype == jnp.uint32 and key.shape[-1:] == (2,))):
-    raise ValueError(f"key must be a JAX PRNG key (jax.random.key(seed)), got {key!r}")
-
-
 def add_gaussian_noise(noise_multiplier: float | jax.Array, l2_clip_norm: float | jax.Array,
                        key: jax.Array) -> optax.GradientTransformation:
   """Adds N(0, (noise_multiplier * l2_clip_norm)^2) independently to every coordinate.
@@ -67,7 +62,7 @@ def add_gaussian_noise(noise_multiplier: float | jax.Array, l2_clip_norm: float 
   Raises:
     ValueError: if `key` is not a PRNG key.
   """
-  _check_key(key)
+  _validate.prng_key("key", key, raw_ok=True)
 
   def init_fn(params):
     del params

@@ -104,15 +104,28 @@ class LoopSpec:
   eval_batch_size: int
 
   @classmethod
-  def from_config(cls, config: TrainConfig, data: Dataset) -> "LoopSpec":
-    """Resolves q, T and the padding/microbatch defaults for `data`."""
+  def from_config(cls, config: TrainConfig, data: Dataset, *,
+                  analyses: Optional[dict] = None) -> "LoopSpec":
+    """Resolves q, T and the padding/microbatch defaults for `data`.
+
+    `analyses`: a dict a caller planning many configurations at once passes
+    to every call (`jaxdp.train.run_plan.plan_runs`), so the traces that
+    decide what is static and the per-example bytes run once per program,
+    not once per configuration.
+    """
+    analyses = {} if analyses is None else analyses
     n = data.num_examples
     q = config.sampling_prob_for(n)
     ex = config.execution
     micro = ex.microbatch_size
     padded = ex.padded_batch_size
     static, traced = config.task.split_hparams(config.hparams)
-    auto = _auto_static(config.task, static, tuple(sorted(traced)), data.train)
+    memo = ("auto_static", config.task, _hashable_items(config.task, dict(static)),
+            tuple(sorted(traced)), structure(data.train), config.num_steps_for(n))
+    if memo not in analyses:
+      analyses[memo] = _auto_static(config.task, static, tuple(sorted(traced)), data.train,
+                                    num_steps=config.num_steps_for(n))
+    auto = analyses[memo]
     static.update({name: traced.pop(name) for name in auto})
     static = _hashable_items(config.task, static)
     # Padding is sized from the rows present (a shape, performance only);
@@ -122,7 +135,10 @@ class LoopSpec:
     if micro is None:
       fixed = padded is not None
       padded = padded if fixed else default_padded_batch_size(rows, q)
-      per_example = _per_example_bytes(config.task, static, data.train)
+      memo = ("per_example_bytes", config.task, static, structure(data.train))
+      if memo not in analyses:
+        analyses[memo] = _per_example_bytes(config.task, static, data.train)
+      per_example = analyses[memo]
       if per_example is None:  # the task does not fit the data: check_task will say why
         micro = padded
       else:
@@ -164,8 +180,9 @@ class LoopSpec:
     return self.task.model_for(dict(self.static_hparams))
 
   def hparams(self, traced: Mapping[str, Any]) -> HParams:
-    """All hyperparameters: the static values and the (traced) arrays."""
-    return HParams({**dict(self.static_hparams), **traced})
+    """All hyperparameters: the static values and the (traced) arrays, with `num_steps` the
+    spec's T (what the optimizer factory gets inside the loop)."""
+    return HParams({**dict(self.static_hparams), **traced}, num_steps=self.num_steps)
 
 
 def _abstract_params(task: Task, model, example: PyTree) -> PyTree:
@@ -173,51 +190,38 @@ def _abstract_params(task: Task, model, example: PyTree) -> PyTree:
   return jax.eval_shape(lambda b: model.init(jax.random.key(0), task.model_inputs(b)), example)
 
 
-_AUTO_STATIC = LruCache(256)
-
-
-def _auto_static(task: Task, static: dict, traced_names: tuple, train: PyTree) -> dict:
-  """`task.concrete_hparams` for these traced names, on the trainable parameters' shapes (cached)."""
+def _auto_static(task: Task, static: dict, traced_names: tuple, train: PyTree,
+                 num_steps: Optional[int] = None) -> dict:
+  """`task.concrete_hparams` for these traced names, on the trainable parameters' shapes:
+  name -> why, in plain words. `num_steps`: the run's T, what the optimizer factory reads as
+  `hp.num_steps` (None: a stand-in)."""
   if not traced_names:
     return {}
-  memo = (task, _hashable_items(task, dict(static)), traced_names, structure(train))
-  found = _AUTO_STATIC.get(memo)
-  if found is None:
-    try:
-      model = task.model_for(dict(static))
-      params = _abstract_params(task, model, abstract(train, rows=1))
-      trained, _ = trainable_lib.partition(params, task.trainable_mask(params))
-    except Exception:  # pylint: disable=broad-except
-      return {}  # the task does not fit the data: check_task says why
-    hparams = {**static, **{name: 0.0 for name in traced_names}}
-    found = task.concrete_hparams(hparams, traced_names, trained)
-    _AUTO_STATIC.put(memo, found)
-  return dict(found)
-
-
-_PER_EXAMPLE_BYTES = LruCache(256)
+  try:
+    model = task.model_for(dict(static))
+    params = _abstract_params(task, model, abstract(train, rows=1))
+    trained, _ = trainable_lib.partition(params, task.trainable_mask(params))
+  except Exception:  # pylint: disable=broad-except
+    return {}  # the task does not fit the data: check_task says why
+  hparams = {**static, **{name: 0.0 for name in traced_names}}
+  return dict(task.concrete_hparams(hparams, traced_names, trained, num_steps=num_steps))
 
 
 def _per_example_bytes(task: Task, static_hparams: tuple, train: PyTree) -> Optional[int]:
-  """`microbatching.per_example_bytes` of the task on one training example (cached); None
-  if the task cannot be traced on this data."""
-  memo = (task, static_hparams, structure(train))
-  size = _PER_EXAMPLE_BYTES.get(memo)
-  if size is None:
-    example = abstract(train, rows=1)
-    try:
-      model = task.model_for(dict(static_hparams))
-      params = _abstract_params(task, model, example)
-      trained, frozen = trainable_lib.partition(params, task.trainable_mask(params))
-      loss = task.per_example_loss(model)
-      split = _ghost_split(task, model, trained, frozen, example)
-      size = microbatching.per_example_bytes(
-          lambda t, b, f: trainable_lib.partial_loss(loss, f)(t, b), trained, example, frozen,
-          without=() if split is None else split.ghost_leaves)
-    except Exception:  # pylint: disable=broad-except
-      return None
-    _PER_EXAMPLE_BYTES.put(memo, size)
-  return size
+  """`microbatching.per_example_bytes` of the task on one training example; None if the task
+  cannot be traced on this data."""
+  example = abstract(train, rows=1)
+  try:
+    model = task.model_for(dict(static_hparams))
+    params = _abstract_params(task, model, example)
+    trained, frozen = trainable_lib.partition(params, task.trainable_mask(params))
+    loss = task.per_example_loss(model)
+    split = _ghost_split(task, model, trained, frozen, example)
+    return microbatching.per_example_bytes(
+        lambda t, b, f: trainable_lib.partial_loss(loss, f)(t, b), trained, example, frozen,
+        without=() if split is None else split.ghost_leaves)
+  except Exception:  # pylint: disable=broad-except
+    return None
 
 
 def _ghost_split(task: Task, model, trained: PyTree, frozen: PyTree, example: PyTree):

@@ -11,7 +11,9 @@ float that neither the model factory nor `Task.static` claims; everything else
 (ints, strings, objects, whatever shapes the model) is *static*: the sweep
 engine compiles once per distinct set of static values. The mapping records
 which names were read, so a grid naming a hyperparameter the task never reads
-is refused before anything trains.
+is refused before anything trains. A name counts as read when a factory reads
+it or when the optimizer's `init`/`update` does (a schedule closure), and the
+optimizer factory also gets the run's number of steps (`HParams.num_steps`).
 
 Scores and privacy: a plain score function reads only the public `test`
 split of a `jaxdp.data.Dataset` (declared public; not accounted). A DP score
@@ -25,11 +27,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
+import traceback
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import dp_accounting
+import flax
 import flax.linen as nn
 import jax
+import jaxlib
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -64,16 +70,35 @@ _CONCRETIZATION_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerB
 class HParams(Mapping):
   """Read-only hyperparameter mapping that records which names were read.
 
-  A name is read by `hp[name]`, `hp.get(name)` or `name in hp`. Iterating
-  (`dict(hp)`, `**hp`, `hp.items()`) sets `enumerated`: the names then reach
-  the factory wholesale, so whether each is used cannot be told
-  (`check_hparams` says so instead of passing silently).
+  A name is read by `hp[name]`, `hp.get(name)` or `name in hp`, whenever that
+  happens: while a factory runs, or later, while the optimizer's `init` or
+  `update` runs (a schedule closure `lambda t: hp["learning_rate"] * f(t)`
+  reads it at each update). Iterating (`dict(hp)`, `**hp`, `hp.items()`) sets
+  `enumerated`: the names then reach the factory wholesale, so whether each
+  is used cannot be told (`check_hparams` says so instead of passing
+  silently).
+
+  `hp.num_steps` is the run's planned number of DP steps T (a Python int),
+  for the optimizer factory (e.g. a schedule's `decay_steps`). It is not a
+  hyperparameter: reading it reads none, and no grid varies it (a grid varies
+  `steps` or `epochs`).
   """
 
-  def __init__(self, values: Mapping[str, Any]):
+  def __init__(self, values: Mapping[str, Any], num_steps: Optional[int] = None):
     self._values = dict(values)
+    self._num_steps = num_steps
     self.read: set = set()
     self.enumerated = False
+    self.num_steps_read = False
+
+  @property
+  def num_steps(self) -> int:
+    """The run's planned number of DP steps T (optimizer factory only)."""
+    self.num_steps_read = True
+    if self._num_steps is None:
+      raise ValueError("hp.num_steps (the run's number of DP steps) is given to the optimizer factory "
+                       "only; the model does not depend on the length of the run")
+    return self._num_steps
 
   def __getitem__(self, name: str) -> Any:
     self.read.add(name)
@@ -95,7 +120,68 @@ class HParams(Mapping):
     return len(self._values)
 
   def __repr__(self) -> str:
-    return f"HParams({self._values!r})"
+    steps = "" if self._num_steps is None else f", num_steps={self._num_steps!r}"
+    return f"HParams({self._values!r}{steps})"
+
+
+#: The number of steps `HParams.num_steps` stands at where the run's T is not
+#: known yet (a config given by batch_size and epochs, checked before it meets
+#: its data's N): the checks that use it never decide anything from its value.
+STAND_IN_STEPS = 1000
+
+#: Parameters on which an optimizer's `init` and `update` are traced (shapes
+#: only) to see what they read, where the model's parameters are not known yet
+#: (a `TrainConfig` is checked before it meets its data).
+STAND_IN_PARAMS = {"b": jax.ShapeDtypeStruct((2,), jnp.float32),
+                   "w": jax.ShapeDtypeStruct((2, 2), jnp.float32)}
+
+
+def trace_optimizer(opt: optax.GradientTransformation, params: PyTree = None) -> Optional[Exception]:
+  """Runs `opt.init` and one `opt.update` on `params` (shapes only; default `STAND_IN_PARAMS`).
+
+  What the optimizer reads at update time (a schedule closure reading a
+  hyperparameter) is read here. Returns None, or the exception that stopped
+  the trace (the optimizer does not fit these parameters).
+  """
+  def run(p):
+    opt.update(p, opt.init(p), p)
+  try:
+    jax.eval_shape(run, STAND_IN_PARAMS if params is None else params)
+  except Exception as err:  # pylint: disable=broad-except
+    return err
+  return None
+
+
+#: What each concretization error says a factory did with a traced value, in plain words.
+_CONCRETE_USES = (
+    (jax.errors.TracerBoolConversionError, "uses it in Python control flow (an if or a comparison)"),
+    (jax.errors.TracerIntegerConversionError, "uses it as a Python int (an index, a count or a shape)"),
+    (jax.errors.TracerArrayConversionError, "converts it to a NumPy array"),
+    (jax.errors.ConcretizationTypeError, "needs it as a Python number"),
+)
+
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, jaxlib, optax, np, flax, os))
+_OPTAX_DIR = os.path.dirname(optax.__file__) + os.sep
+_JAXDP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _concrete_reason(err: Exception, where: str) -> str:
+  """Why `where` (e.g. 'the optimizer factory') needs a concrete value, in plain words, from the
+  concretization error `err` it raised on a traced one."""
+  use = next(text for kind, text in _CONCRETE_USES if isinstance(err, kind))
+  frames = traceback.extract_tb(err.__traceback__)
+  # The outermost public optax function on the way (the one the user called), else the user's line.
+  named = [f for f in frames if f.filename.startswith(_OPTAX_DIR)
+           and not f.name.startswith(("_", "<")) and f.name not in ("init_fn", "update_fn")]
+  if named:
+    culprit = f"optax.{named[0].name}"
+    hint = ("; a schedule's peak stays traced with jaxdp.train.schedules"
+            if os.sep + "schedules" + os.sep in named[0].filename else "")
+    return f"{where} needs a concrete value: {culprit} {use}{hint}"
+  own = [f for f in frames if not f.filename.startswith(_LIBRARY_DIRS + (_JAXDP_DIR,))]
+  culprit = (f"the code at line {own[-1].lineno} of {os.path.basename(own[-1].filename)}" if own
+             else "it")
+  return f"{where} needs a concrete value: {culprit} {use}"
 
 
 #: The largest magnitude of NoisyMean's bounds: 1 / half stays a normal float32
@@ -264,6 +350,14 @@ class Task:
       `lambda hp: optax.adamw(hp["learning_rate"], weight_decay=hp["weight_decay"])`.
       It receives the mean noisy clipped gradient (noise added and divided by
       the expected batch size q*N already), so it is post-processing.
+      `hp.num_steps` is the run's planned number of DP steps T (a Python int,
+      not a hyperparameter), e.g. for a schedule's `decay_steps`. A
+      hyperparameter may be read when the factory runs or later, in the
+      optimizer's `init`/`update` (a schedule closure
+      `optax.scale_by_schedule(lambda t: -hp["learning_rate"] * f(t))`): both
+      count as read, and a float used only in arithmetic stays traced.
+      `jaxdp.train.schedules` builds optax's schedules with a traced peak
+      (`optax.sgd(schedules.warmup_cosine(hp["learning_rate"], 10, hp.num_steps))`).
     score: how a trained candidate is scored for selection (higher is better):
       a function `(outputs, batch) -> scalar` on the public `test` split, or a
       DP score (`NoisyMean`, `DpScore`) on the private `private_validation`
@@ -272,9 +366,9 @@ class Task:
       inputs; None means `default_inputs` (`batch[0]` or `batch['x']`).
     has_aux: whether `loss` returns `(losses, aux)`.
     static: hyperparameter names to treat as static even when they are
-      floats. Rarely needed: a float the optimizer factory uses in Python
-      control flow (e.g. an optax schedule's peak value) is found and made
-      static automatically (`concrete_hparams`), and the dry run and
+      floats. Rarely needed: a float the optimizer uses in Python control
+      flow (e.g. the peak of `optax.warmup_cosine_decay_schedule`) is found
+      and made static automatically (`concrete_hparams`), and the dry run and
       `TunedResult.auto_static` say which and why.
     extrapolate: for `jaxdp.tuning.subsampled_search`: `(hparams, m, n) ->
       hparams` carrying hyperparameters tuned on m examples to a final run on
@@ -372,27 +466,38 @@ class Task:
     self.model_for(tracked)
     return tracked.read
 
-  def concrete_hparams(self, hparams: Mapping[str, Any], names: Sequence[str],
-                       params: PyTree) -> dict[str, str]:
-    """Which of `names` (floats about to be traced) the optimizer factory needs concrete: name -> why.
+  def concrete_hparams(self, hparams: Mapping[str, Any], names: Sequence[str], params: PyTree, *,
+                       num_steps: Optional[int] = None) -> dict[str, str]:
+    """Which of `names` (floats about to be traced) the optimizer needs concrete: name -> why.
 
     optax builds some optimizers with Python control flow on their arguments
-    (e.g. `warmup_cosine_decay_schedule` checks its peak value), which a
+    (e.g. `warmup_cosine_decay_schedule` compares its peak with 0), which a
     traced value cannot take. The factory is built and run (`init` and one
     `update` on `params`, shapes only) with `names` traced; a name whose
-    tracing alone fails with a concretization error must be static (one
-    compilation per value). Any other failure is left to `check_task`, which
-    names it.
+    tracing alone fails with a concretization error, in the factory or in
+    `init`/`update`, must be static (one compilation per value); `why` says
+    so in plain words. A value read only where it can stay traced (arithmetic,
+    e.g. in a schedule closure `lambda t: -hp["learning_rate"] * f(t)`, or
+    `jaxdp.train.schedules`) stays traced. Any other failure is left to
+    `check_task`, which names it. `num_steps`: the run's T (`HParams.num_steps`;
+    None: `STAND_IN_STEPS`).
     """
+    steps = STAND_IN_STEPS if num_steps is None else num_steps
+
     def failure(traced_names) -> Optional[str]:
+      where = ["the optimizer factory"]
+
       def build(values, p):
-        opt = self.optimizer_for(HParams({**hparams, **values}))
-        opt.update(p, opt.init(p), p)
+        opt = self.optimizer_for(HParams({**hparams, **values}, num_steps=steps))
+        where[0] = "the optimizer's init"
+        state = opt.init(p)
+        where[0] = "the optimizer's update"
+        opt.update(p, state, p)
       scalars = {n: jax.ShapeDtypeStruct((), jnp.float32) for n in traced_names}
       try:
         jax.eval_shape(build, scalars, params)
       except _CONCRETIZATION_ERRORS as err:
-        return f"{type(err).__name__}: {str(err).splitlines()[0]}"
+        return _concrete_reason(err, where[0])
       except Exception:  # pylint: disable=broad-except
         return None
       return None
@@ -403,10 +508,11 @@ class Task:
     for name in names:
       why = failure([name])
       if why is not None:
-        out[name] = f"the optimizer factory needs a concrete value ({why})"
+        out[name] = why
     rest = [n for n in names if n not in out]
     if rest and failure(rest) is not None:  # only together: keep them all concrete
-      out.update({n: f"the optimizer factory needs {rest} concrete together" for n in rest})
+      out.update({n: f"the optimizer needs {rest} as concrete values together (each alone may be "
+                     "traced)" for n in rest})
     return out
 
   def split_hparams(self, hparams: Mapping[str, Any]) -> tuple[dict, dict]:
@@ -472,10 +578,6 @@ def keep_hparams(hparams: Mapping[str, Any], m: int, n: int) -> dict:
   del m, n
   return dict(hparams)
 
-
-def check_scalar(name: str, shape_dtype) -> None:
-  if not hasattr(shape_dtype, "shape") or tuple(shape_dtype.shape) != ():
-    raise ValueError(f"{name} must return a scalar, got {getattr(shape_dtype, 'shape', shape_dtype)!r}")
 
 
 def real_hparam(name: str, value: Any) -> Any:

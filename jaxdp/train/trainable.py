@@ -76,9 +76,12 @@ def mask(trainable: Any, params: PyTree) -> PyTree:
       return value
     out = jax.tree_util.tree_map_with_path(decide, params)
   else:
-    want, got = jax.tree.structure(params), jax.tree.structure(trainable)
-    if want != got:
-      raise ValueError(f"trainable must have the parameters' structure {want}, got {got}")
+    if jax.tree.structure(params) != jax.tree.structure(trainable):
+      def leaves(tree):
+        return [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+      raise ValueError(f"trainable must have the parameters' structure (leaves {leaves(params)}) "
+                       f"or be a predicate on their '/'-joined paths; it has leaves "
+                       f"{leaves(trainable)}")
     out = trainable
   if not any(jax.tree.leaves(out)):
     paths = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]

@@ -24,15 +24,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 
+from jaxdp import _validate
 from jaxdp.data import Dataset
-from jaxdp.train.checks import check_data, check_initial_params, check_key, check_task
-from jaxdp.train.config import EPSILON_METHOD, TrainConfig, epsilon
-from jaxdp.train.program import LoopOutput, LoopSpec, compile_cached, compiled, traced_hparams
+from jaxdp.train.config import EPSILON_METHOD, TrainConfig
+from jaxdp.train.program import LoopOutput, compile_cached, compiled, traced_hparams
+from jaxdp.train.run_plan import RunPlan, plan_runs
 from jaxdp.train.task import Task
 
 PyTree = Any
@@ -93,19 +94,18 @@ def device_splits(data: Dataset) -> tuple:
   return put(data.train), put(data.test), put(data.private_validation)
 
 
-def result_of(config: TrainConfig, num_examples: int, out: LoopOutput, score, test_score, test_loss,
-              wall_time_s: float, params: PyTree = None,
-              compile_time_s: float = 0.0) -> CandidateResult:
-  """The `CandidateResult` of one finished run (a diverged run scores NaN)."""
+def result_of(run: RunPlan, out: LoopOutput, score, test_score, test_loss, wall_time_s: float,
+              params: PyTree = None, compile_time_s: float = 0.0) -> CandidateResult:
+  """The `CandidateResult` of one finished run of `run` (a diverged run scores NaN)."""
   score, test_score, test_loss = float(score), float(test_score), float(test_loss)
   diverged = not (bool(out.finite) and math.isfinite(score))
   if diverged:
     score = test_score = test_loss = float("nan")
   return CandidateResult(
       score=score, test_score=test_score, test_loss=test_loss, steps=int(out.steps),
-      planned_steps=config.num_steps_for(num_examples), epsilon=epsilon(config, num_examples),
-      delta=float(config.target_delta), diverged=diverged, wall_time_s=wall_time_s,
-      score_source=score_source(config.task), compile_time_s=compile_time_s, params=params)
+      planned_steps=run.spec.num_steps, epsilon=run.epsilon,
+      delta=float(run.config.target_delta), diverged=diverged, wall_time_s=wall_time_s,
+      score_source=score_source(run.config.task), compile_time_s=compile_time_s, params=params)
 
 
 def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
@@ -136,18 +136,21 @@ def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
   start = time.perf_counter()
   if not isinstance(config, TrainConfig):
     raise ValueError(f"config must be a TrainConfig, got {type(config).__name__}")
-  check_data(config.task, data)
-  key = check_key(key)
-  spec = LoopSpec.from_config(config, data)
-  check_task(spec, data)
-  init_fn, run_fn = compiled(spec)
+  key = _validate.prng_key("key", key)
+  (run,) = plan_runs([config], data, initial_params=initial_params)
+  return run_planned(run, data, key, start=start)
+
+
+def run_planned(run: RunPlan, data: Dataset, key: jax.Array, *,
+                start: Optional[float] = None) -> CandidateResult:
+  """Trains the planned `run` on `data` (the data it was planned on, or rows of the same
+  structure: `RunPlan.on_rows`) with `key`; nothing is checked again."""
+  start = time.perf_counter() if start is None else start
+  _, run_fn = compiled(run.spec)
   train, test, validation = device_splits(data)
-  if initial_params is not None:
-    init_key, _ = jax.random.split(key)
-    initial_params = check_initial_params(initial_params, jax.eval_shape(init_fn, init_key, train))
-  args = (config.plan(data.num_examples).for_device(), traced_hparams(spec, config), key, train, test,
-          validation, initial_params)
+  args = (run.dp_plan, traced_hparams(run.spec, run.config), key, train, test, validation,
+          run.initial)
   executable, compile_s = compile_cached(run_fn, args)
   out, score, test_score, test_loss = executable(*args)
-  return result_of(config, data.num_examples, out, score, test_score, test_loss,
-                   time.perf_counter() - start, params=out.params, compile_time_s=compile_s)
+  return result_of(run, out, score, test_score, test_loss, time.perf_counter() - start,
+                   params=out.params, compile_time_s=compile_s)

@@ -15,15 +15,13 @@ import numbers
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
-import jax
 import numpy as np
 
 from jaxdp import _validate
 from jaxdp import accounting as acc
-from jaxdp.data import Dataset
+from jaxdp.sweep import engine
 from jaxdp.sweep.space import SearchSpace
-from jaxdp.train import LoopSpec, TrainConfig, check_task
-from jaxdp.train.checks import check_data
+from jaxdp.train import TrainConfig
 
 #: Keyword arguments a tuner forwards to `jaxdp.sweep.train_candidates`
 #: (`keep_params` is the tuner's own: it needs the selected model).
@@ -31,7 +29,8 @@ ENGINE_KWARGS = ("devices", "max_candidates_per_device", "progress", "on_chunk")
 
 
 def space(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]]) -> SearchSpace:
-  """The `SearchSpace` of a (base config, grid) pair or a ready space."""
+  """The `SearchSpace` of a (base config, grid) pair or a ready space (the grid's values are
+  checked by `SearchSpace`, in the tuners' words)."""
   if isinstance(config, SearchSpace):
     if search_space is not None:
       raise ValueError(f"search_space must be None when config is a SearchSpace, got {search_space!r}")
@@ -40,20 +39,12 @@ def space(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mappin
     raise ValueError(f"config must be a TrainConfig or SearchSpace, got {type(config).__name__}")
   if not isinstance(search_space, Mapping) or not search_space:
     raise ValueError(f"search_space must be a non-empty mapping name -> values, got {search_space!r}")
-  for name, values in search_space.items():
-    if (isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray))
-        or len(values) == 0):
-      raise ValueError(f"search_space[{name!r}] must be a non-empty sequence of values, got {values!r}")
-  return SearchSpace(config, search_space)
-
-
-def key(value: Any) -> jax.Array:
-  """One typed PRNG key (a batch of keys would silently broadcast)."""
-  if not isinstance(value, jax.Array) or not jax.numpy.issubdtype(value.dtype, jax.dtypes.prng_key):
-    raise ValueError(f"key must be a typed PRNG key from jax.random.key(seed), got {value!r}")
-  if value.shape != ():
-    raise ValueError(f"key must be a single PRNG key of shape (), got shape {value.shape}")
-  return value
+  try:
+    return SearchSpace(config, search_space)
+  except ValueError as err:
+    if str(err).startswith("grid["):  # SearchSpace names its argument `grid`
+      raise ValueError("search_space" + str(err)[len("grid"):]) from None
+    raise
 
 
 def repetitions(value: Any) -> acc.KDistribution:
@@ -83,18 +74,6 @@ def threshold(value: Any) -> float:
   return float(value)
 
 
-def data(value: Any, space_: SearchSpace) -> Dataset:
-  """Checks `value` is a Dataset every candidate's task can train and score on.
-
-  The checks run on shapes only (`jax.eval_shape`), once per compiled group,
-  so they cost no training.
-  """
-  check_data(space_.base.task, value)
-  for config in space_.configs:
-    check_task(LoopSpec.from_config(config, value), value)  # traces once per spec
-  return value
-
-
 def target_epsilon(value: Any) -> Optional[float]:
   if value is None:
     return None
@@ -118,20 +97,10 @@ def trainer(value: Any):
 
 
 def engine_kwargs(kwargs: Mapping[str, Any]) -> dict:
-  """Checks the keyword arguments forwarded to the sweep engine."""
+  """Checks the keyword arguments forwarded to the trainer (`jaxdp.sweep.engine.check_options`)."""
   unknown = sorted(set(kwargs) - set(ENGINE_KWARGS))
   if unknown:
     raise ValueError(f"unknown keyword argument(s) {unknown}; the tuners forward only "
                      f"{', '.join(ENGINE_KWARGS)} to jaxdp.sweep.train_candidates")
-  if kwargs.get("max_candidates_per_device") is not None:
-    _validate.integer("max_candidates_per_device", kwargs["max_candidates_per_device"], low=1)
-  if kwargs.get("devices") is not None:
-    devices = kwargs["devices"]
-    if (isinstance(devices, (str, bytes)) or not isinstance(devices, (Sequence, tuple, list))
-        or not devices or not all(isinstance(d, jax.Device) for d in devices)):
-      raise ValueError(f"devices must be a non-empty sequence of jax.Device, got {devices!r}")
-  if "progress" in kwargs:
-    flag("progress", kwargs["progress"])
-  if kwargs.get("on_chunk") is not None and not callable(kwargs["on_chunk"]):
-    raise ValueError(f"on_chunk must be a callable or None, got {kwargs['on_chunk']!r}")
+  engine.check_options(**kwargs)
   return dict(kwargs)

@@ -18,9 +18,8 @@ import numpy as np
 from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.accounting import inverse
-from jaxdp.data import Dataset
+from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.space import SearchSpace
-from jaxdp.train.program import LoopSpec, clipping_layers
 from jaxdp.train.trainer import score_source
 
 #: The largest noise multiplier `calibrate_noise` tries.
@@ -30,6 +29,16 @@ SIGMA_MAX = 1e3
 def candidate_event(space: SearchSpace, num_examples: int) -> dp_accounting.DpEvent:
   """One candidate's guarantee: its DpEvent, or the worst over the grid (KK Lemma 1)."""
   events = space.events(num_examples)
+  return events[0] if len(events) == 1 else acc.UniformCandidates(events)
+
+
+def plan_event(plan: SearchPlan) -> dp_accounting.DpEvent:
+  """One candidate's guarantee from the runs the plan will run: its DpEvent, or the worst over
+  the grid (KK Lemma 1)."""
+  events = []
+  for run in plan.runs:
+    if run.dp_event not in events:
+      events.append(run.dp_event)
   return events[0] if len(events) == 1 else acc.UniformCandidates(events)
 
 
@@ -187,35 +196,39 @@ class DryRun:
     return "\n".join(lines)
 
 
-def groups_of(space: SearchSpace, data: Dataset) -> tuple:
-  """The compiled groups of a grid on `data`, in first-seen order."""
-  counts: dict = {}
-  for config in space.configs:
-    spec = LoopSpec.from_config(config, data)
-    counts[spec] = counts.get(spec, 0) + 1
-  return tuple(Group(static=dict(s.static_hparams), traced=s.traced_names, grid_points=c,
+def groups_of(plan: SearchPlan) -> tuple:
+  """The compiled groups of a plan, in first-seen order."""
+  runs: dict = {}
+  for run in plan.runs:
+    runs.setdefault(run.spec, []).append(run)
+  return tuple(Group(static=dict(s.static_hparams), traced=s.traced_names, grid_points=len(rs),
                      sampling_prob=s.sampling_prob, steps=s.num_steps,
                      padded_batch_size=s.padded_batch_size, auto_static=s.auto_static,
-                     clipping=clipping_layers(s, data.train), microbatch_size=s.microbatch_size)
-               for s, c in counts.items())
+                     clipping=rs[0].clipping, microbatch_size=s.microbatch_size)
+               for s, rs in runs.items())
 
 
-def auto_static(space: SearchSpace, data: Dataset) -> dict:
+def plan_score_source(plan: SearchPlan) -> str:
+  """Where the candidates' scores come from (every run's task: a `derive` may change it)."""
+  return " / ".join(dict.fromkeys(score_source(run.config.task) for run in plan.runs))
+
+
+def auto_static(plan: SearchPlan) -> dict:
   """Hyperparameter -> why it is static without being declared so, over the whole grid."""
-  return {name: why for g in groups_of(space, data) for name, why in g.auto_static}
+  return {name: why for run in plan.runs for name, why in run.spec.auto_static}
 
 
-def dry_run_report(space: SearchSpace, data: Dataset, repetitions: acc.KDistribution, delta: float,
-                   event, epsilon: float, sigma: Optional[float]) -> DryRun:
-  n = data.num_examples
-  steps = np.array([c.num_steps_for(n) for c in space.configs], float)
-  grads = np.array([c.num_steps_for(n) * c.sampling_prob_for(n) * n for c in space.configs])
+def dry_run_report(plan: SearchPlan, repetitions: acc.KDistribution) -> DryRun:
+  """The `DryRun` of a tuner's plan (`plan.event`, `plan.epsilon` set)."""
+  n = plan.data.num_examples
+  steps = np.array([run.spec.num_steps for run in plan.runs], float)
+  grads = np.array([run.spec.num_steps * run.spec.sampling_prob * n for run in plan.runs])
   mean_k = float(repetitions.mean)
   return DryRun(
-      epsilon=epsilon, delta=delta, event=event, repetitions=repetitions,
+      epsilon=plan.epsilon, delta=plan.delta, event=plan.event, repetitions=repetitions,
       expected_candidates=mean_k, prob_zero=repetitions.prob_zero,
       k_quantiles=tuple(k_quantile(repetitions, p) for p in (0.5, 0.9, 0.99)),
-      noise_multiplier=sigma, groups=groups_of(space, data),
+      noise_multiplier=plan.noise_multiplier, groups=groups_of(plan),
       expected_steps=mean_k * float(steps.mean()),
       expected_gradient_evaluations=mean_k * float(grads.mean()),
-      score_source=score_source(space.base.task), auto_static=auto_static(space, data))
+      score_source=plan_score_source(plan), auto_static=auto_static(plan))

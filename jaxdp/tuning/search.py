@@ -17,23 +17,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import warnings
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm.auto import tqdm
 
 from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp import accounting as acc
 from jaxdp.accounting import kdistribution
 from jaxdp.data import Dataset
+from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.space import Candidate, SearchSpace
+from jaxdp.sweep.store import CandidateStore, Trainer, check_run_dir
 from jaxdp.train import TrainConfig
 from jaxdp.train.trainer import score_source
 from jaxdp.tuning import _args
-from jaxdp.tuning import durable
 from jaxdp.tuning import planning
 
 
@@ -78,6 +81,9 @@ class TunedResult:
     auto_static: hyperparameter -> why it was compiled as a static value
       although it is a float (the optimizer factory needs its value; see
       `jaxdp.train.Task.concrete_hparams`): one compilation per value.
+    resumed: how many of the trained candidates were read back from
+      `run_dir` (stored by an earlier, interrupted run of the same search)
+      instead of trained now; 0 without `run_dir`.
   """
 
   hyperparameters: Optional[Mapping[str, Any]]
@@ -93,40 +99,40 @@ class TunedResult:
   score_source: str = ""
   noise_multiplier: Optional[float] = None
   auto_static: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-
-class Prepared(NamedTuple):
-  """What a search knows before it draws or trains anything."""
-  space: SearchSpace
-  data: Dataset
-  event: Any                       # the accounted event of the whole search
-  epsilon: float                   # `acc.epsilon(event, delta, "best")`
-  noise_multiplier: Optional[float]  # the sigma calibrated for `target_epsilon`, or None
-  auto_static: Mapping[str, str]     # `planning.auto_static`
+  resumed: int = 0
 
 
 def prepare(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
             data: Dataset, *, delta: float, target_epsilon: Optional[float],
-            outer: Callable[[Any], Any]) -> Prepared:
-  """Checks the arguments, calibrates sigma if asked and accounts the search, before any training.
+            outer: Callable[[Any], Any], initial_params: Any = None) -> SearchPlan:
+  """The search's `SearchPlan`, before anything is drawn or trained: every argument checked
+  once, sigma calibrated if asked, the whole search accounted.
 
   Args:
-    config, search_space, data, delta, target_epsilon: as in `random_search`.
+    config, search_space, data, delta, target_epsilon, initial_params: as in `random_search`.
     outer: candidate event -> the search's event (e.g. `acc.RepeatAndSelect(_, K)`).
   """
   space = _args.space(config, search_space)
   delta = _args.delta(delta)
   target_epsilon = _args.target_epsilon(target_epsilon)
-  data = _args.data(data, space)  # sigma is traced: calibrating it changes no check
+  plan = SearchPlan.build(space, data, initial_params=initial_params)
   sigma = None
-  if target_epsilon is not None:
+  if target_epsilon is not None:  # sigma is traced: the plan's programs and checks stay
     sigma = planning.calibrate_noise(space, data.num_examples, outer, target_epsilon=target_epsilon,
                                      delta=delta)
-    space = planning.with_noise(space, sigma)
+    plan = plan.with_noise(planning.with_noise(space, sigma))
+    ignored = sorted({r.config.noise_multiplier for r in plan.runs} - {sigma})
+    if ignored:  # e.g. a SearchSpace `derive` that sets it: the calibrated sigma would not run
+      raise ValueError(f"target_epsilon calibrated noise_multiplier={sigma!r}, but the search's "
+                       f"configurations run with {ignored} (a SearchSpace derive sets it?): give "
+                       "either target_epsilon or the noise multipliers, not both")
   # Accounted from the configurations that will run, never from the target.
-  event = outer(planning.candidate_event(space, data.num_examples))
-  return Prepared(space, data, event, acc.epsilon(event, delta, method="best"), sigma,
-                  planning.auto_static(space, data))
+  event = outer(planning.plan_event(plan))
+  epsilon = acc.epsilon(event, delta, method="best")
+  if target_epsilon is not None and epsilon > target_epsilon:
+    raise ValueError(f"the calibrated search accounts to epsilon={epsilon!r} > "
+                     f"target_epsilon={target_epsilon!r}; nothing was trained")
+  return plan.accounted(event=event, epsilon=epsilon, delta=delta, noise_multiplier=sigma)
 
 
 def draw_search(space: SearchSpace, repetitions: acc.KDistribution, key: jax.Array) -> list:
@@ -265,7 +271,7 @@ def _release_scores(cands, results, release_all_scores):
 def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
                   data: Dataset, *, repetitions: acc.KDistribution, key: jax.Array, delta: float = 1e-5,
                   target_epsilon: Optional[float] = None, release_all_scores: bool = False,
-                  run_dir: Optional[str] = None, trainer: Optional[durable.Trainer] = None,
+                  run_dir: Optional[str] = None, trainer: Optional[Trainer] = None,
                   initial_params: Any = None, **engine_kwargs) -> TunedResult:
   """Papernot-Steinke private random search.
 
@@ -286,7 +292,7 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
     release_all_scores: also return every candidate's score (warns: not
       covered by the guarantee).
     run_dir: None, or a directory that keeps every finished candidate
-      (`jaxdp.tuning.durable`): rerun the same call after a crash and it
+      (`jaxdp.sweep.CandidateStore`): rerun the same call after a crash and it
       trains only what is missing and releases what an uninterrupted run
       releases. It holds unreleased candidates: keep it as secret as the data.
     trainer: the training backend: None (`jaxdp.sweep.train_candidates`, this
@@ -308,66 +314,117 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
   Raises:
     ValueError: for any bad argument, always before K is drawn: whether the
       call fails never depends on K (a bad `data` raises even when K = 0);
-      `durable.SearchMismatchError` if `run_dir` holds another search.
+      `jaxdp.sweep.SearchMismatchError` if `run_dir` holds another search.
 
   Example:
     result = random_search(config, {"learning_rate": [0.1, 0.3, 1.0]}, data,
                            repetitions=acc.Poisson(mean=5), key=jax.random.key(0))
   """
-  repetitions = _args.repetitions(repetitions)
-  key = _args.key(key)
   release_all_scores = _args.flag("release_all_scores", release_all_scores)
+  plan, store = _random_search_plan(config, search_space, data, repetitions=repetitions, key=key,
+                                    delta=delta, target_epsilon=target_epsilon, run_dir=run_dir,
+                                    trainer=trainer, initial_params=initial_params,
+                                    engine_kwargs=engine_kwargs)
+  with store as candidates:
+    cands = draw_search(plan.space, repetitions, key)
+    results = candidates.train(cands)
+  return _released(plan, store, cands, results, best_index(results), release_all_scores)
+
+
+def _random_search_plan(config, search_space, data, *, repetitions, key, delta, target_epsilon,
+                        run_dir, trainer, initial_params, engine_kwargs) -> tuple:
+  """(plan, store) of `random_search`'s arguments, every one checked once: what the search and
+  its dry run share."""
+  repetitions = _args.repetitions(repetitions)
+  key = _validate.prng_key("key", key)
   run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  prepared = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
-                     outer=lambda cand: acc.RepeatAndSelect(cand, repetitions))
-  with durable.CandidateStore.for_search(
-      "random_search", prepared.space, prepared.data, key, run_dir=run_dir, trainer=trainer,
-      engine_kwargs=engine_kwargs, initial_params=initial_params, repetitions=repetitions,
-      delta=float(delta), target_epsilon=target_epsilon) as store:
-    cands = draw_search(prepared.space, repetitions, key)
-    results = store.train(cands)
-  return _released(prepared, delta, cands, results, best_index(results), release_all_scores)
+  plan = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
+                 outer=lambda cand: acc.RepeatAndSelect(cand, repetitions),
+                 initial_params=initial_params)
+  fingerprint = plan.search_fields("random_search", key, repetitions=repetitions,
+                                        delta=plan.delta, target_epsilon=target_epsilon)
+  return plan, _Store(plan, run_dir, fingerprint, trainer, engine_kwargs)
 
 
-def _released(prepared: Prepared, delta: float, cands: list, results: list, chosen: Optional[int],
+@dataclasses.dataclass
+class _Store:
+  """The arguments of a `CandidateStore`, opened when the search starts (a dry run only
+  checks them)."""
+  plan: SearchPlan
+  run_dir: Optional[str]
+  fingerprint: Mapping[str, Any]
+  trainer: Any
+  engine_kwargs: Mapping[str, Any]
+  store: Optional[CandidateStore] = None
+
+  def __enter__(self) -> CandidateStore:
+    self.store = CandidateStore(self.plan, run_dir=self.run_dir, fingerprint=self.fingerprint,
+                                trainer=self.trainer, engine_kwargs=self.engine_kwargs)
+    return self.store
+
+  def __exit__(self, *exc) -> None:
+    self.store.close()
+
+  @property
+  def resumed(self) -> int:
+    return 0 if self.store is None else self.store.resumed
+
+
+def _released(plan: SearchPlan, store: _Store, cands: list, results: list, chosen: Optional[int],
               release_all_scores: bool) -> TunedResult:
   """What a search releases: candidate `chosen` (None: nothing) of the `cands` it trained."""
   some = chosen is not None
+  if store.run_dir is not None and store.engine_kwargs.get("progress"):
+    distinct = len({c.id for c in cands})
+    tqdm.write(f"{store.run_dir}: resumed {store.resumed} of the {distinct} distinct candidate(s) "
+               f"(read back from an earlier run), trained {distinct - store.resumed} now", file=sys.stderr)
   return TunedResult(
       hyperparameters=dict(cands[chosen].point) if some else None,
       config=cands[chosen].config if some else None,
       params=results[chosen].params if some else None,
       score=float(results[chosen].score) if some else float("nan"), num_candidates=len(cands),
-      epsilon=prepared.epsilon, delta=float(delta), event=prepared.event,
+      epsilon=plan.epsilon, delta=plan.delta, event=plan.event,
       all_scores=_release_scores(cands, results, release_all_scores),
-      score_source=score_source(prepared.space.base.task), noise_multiplier=prepared.noise_multiplier,
-      auto_static=prepared.auto_static)
+      score_source=(score_source(cands[chosen].config.task) if some
+                    else planning.plan_score_source(plan)), noise_multiplier=plan.noise_multiplier,
+      auto_static=planning.auto_static(plan), resumed=store.resumed)
 
 
 def dry_run(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
-            data: Dataset, *, repetitions: acc.KDistribution, delta: float = 1e-5,
-            target_epsilon: Optional[float] = None) -> planning.DryRun:
+            data: Dataset, *, repetitions: acc.KDistribution, key: Optional[jax.Array] = None,
+            delta: float = 1e-5, target_epsilon: Optional[float] = None,
+            release_all_scores: bool = False, run_dir: Optional[str] = None,
+            trainer: Optional[Trainer] = None, initial_params: Any = None,
+            **engine_kwargs) -> planning.DryRun:
   """What `random_search` with these arguments would do, without training anything.
 
-  Checks every argument and the task on the data's shapes (as the search
-  does), calibrates sigma for `target_epsilon` if given, and returns a
-  `planning.DryRun`: epsilon of the whole search, K's law (mean, P(K=0),
-  quantiles), the groups that will compile, and the expected compute
-  (E[K] x steps, E[K] x steps x q N per-example gradients). `print` it.
+  Takes every argument `random_search` takes (`key` may be left out: the
+  plan does not depend on it) and checks them the same way, so the exact
+  call can be dry-run: the task on the data's shapes, `initial_params`
+  against every model, the engine's options, and a `run_dir` that holds
+  another search (`SearchMismatchError`, read only: nothing is written
+  there). Calibrates sigma for `target_epsilon` if given. Returns a
+  `planning.DryRun` of the search's `SearchPlan`: epsilon of the whole
+  search, K's law (mean, P(K=0), quantiles), the groups that will compile
+  and each layer's clipping path, and the expected compute (E[K] x steps,
+  E[K] x steps x q N per-example gradients). `print` it.
   """
-  repetitions = _args.repetitions(repetitions)
-  prepared = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
-                     outer=lambda cand: acc.RepeatAndSelect(cand, repetitions))
-  return planning.dry_run_report(prepared.space, prepared.data, repetitions, float(delta),
-                                 prepared.event, prepared.epsilon, prepared.noise_multiplier)
+  _args.flag("release_all_scores", release_all_scores)
+  plan, store = _random_search_plan(
+      config, search_space, data, repetitions=repetitions,
+      key=jax.random.key(0) if key is None else key, delta=delta, target_epsilon=target_epsilon,
+      run_dir=run_dir, trainer=trainer, initial_params=initial_params, engine_kwargs=engine_kwargs)
+  if store.run_dir is not None:  # what the search would refuse there (read only)
+    check_run_dir(plan, store.run_dir, store.fingerprint)
+  return planning.dry_run_report(plan, repetitions)
 
 
 def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
                      data: Dataset, *, threshold: float, stop_prob: float, key: jax.Array,
                      max_candidates: Optional[int] = None, delta: float = 1e-5,
                      target_epsilon: Optional[float] = None, release_all_scores: bool = False,
-                     run_dir: Optional[str] = None, trainer: Optional[durable.Trainer] = None,
+                     run_dir: Optional[str] = None, trainer: Optional[Trainer] = None,
                      initial_params: Any = None, **engine_kwargs) -> TunedResult:
   """Liu-Talwar Algorithm 1 with random stopping.
 
@@ -397,22 +454,25 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
   stop_prob = _validate.probability("stop_prob", stop_prob, one_ok=True)
   if max_candidates is not None:
     max_candidates = _validate.integer("max_candidates", max_candidates, low=1)
-  key = _args.key(key)
+  key = _validate.prng_key("key", key)
   release_all_scores = _args.flag("release_all_scores", release_all_scores)
   run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  prepared = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
-                     outer=lambda cand: acc.ThresholdSelect(cand, stop_prob, max_candidates))
-  cands, results = [], []
-  with durable.CandidateStore.for_search(
-      "threshold_search", prepared.space, prepared.data, key, run_dir=run_dir, trainer=trainer,
-      engine_kwargs=engine_kwargs, initial_params=initial_params, threshold=threshold, stop_prob=stop_prob,
-      max_candidates=max_candidates, delta=float(delta), target_epsilon=target_epsilon) as store:
+  plan = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
+                 outer=lambda cand: acc.ThresholdSelect(cand, stop_prob, max_candidates),
+                 initial_params=initial_params)
+  fingerprint = plan.search_fields("threshold_search", key, threshold=threshold,
+                                        stop_prob=stop_prob, max_candidates=max_candidates,
+                                        delta=plan.delta, target_epsilon=target_epsilon)
+  store = _Store(plan, run_dir, fingerprint, trainer, engine_kwargs)
+  cands, results, chosen = [], [], None
+  with store as candidates:
     for draw_key, stop_key in _threshold_keys(key, max_candidates):
-      cands.append(_draw_candidates(prepared.space, 1, draw_key)[0])
-      results.append(store.train(cands[-1:])[0])  # a stored candidate is read back, not trained
+      cands.append(_draw_candidates(plan.space, 1, draw_key)[0])
+      results.append(candidates.train(cands[-1:])[0])  # a stored candidate is read back, not trained
       if not math.isnan(results[-1].score) and results[-1].score >= threshold:
-        return _released(prepared, delta, cands, results, len(cands) - 1, release_all_scores)
+        chosen = len(cands) - 1
+        break
       if _stops(stop_key, stop_prob):
         break
-  return _released(prepared, delta, cands, results, None, release_all_scores)
+  return _released(plan, store, cands, results, chosen, release_all_scores)

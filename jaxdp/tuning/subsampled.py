@@ -40,11 +40,13 @@ import numpy as np
 from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
+from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.space import SearchSpace
-from jaxdp.train import TrainConfig, train_candidate
+from jaxdp.sweep.store import CandidateStore, Trainer
+from jaxdp.train import TrainConfig
 from jaxdp.train.sampling import poisson_mask
+from jaxdp.train.trainer import run_planned
 from jaxdp.tuning import _args
-from jaxdp.tuning import durable
 from jaxdp.tuning import planning
 from jaxdp.tuning import search as search_lib
 
@@ -54,8 +56,7 @@ class SubsampledResult:
   """What `subsampled_search` returns.
 
   Released (covered by `epsilon`): `params`, `final_config`,
-  `final_hyperparameters`, `tuned_hyperparameters`, `tuned_score`,
-  `test_score`. Not to be published: `subset_mask` (which examples were in
+  `hyperparameters`, `score`, `tuned_hyperparameters`, `tuned_score`. Not to be published: `subset_mask` (which examples were in
   X1; returned so callers can audit the split).
 
   Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
@@ -69,7 +70,7 @@ class SubsampledResult:
   N = m + n; variant 2: N = n). Candidates must give `sampling_prob` (not an expected
   `batch_size`, whose q = b / N would not be the rate of a run on X1). `num_candidates` is K, drawn from the public `repetitions` law
   with the caller's key, independent of the data. Scores (`tuned_score`,
-  `test_score`) are the task's public score on `data.test`, which is treated
+  `score`) are the task's public score on `data.test`, which is treated
   as public and not accounted (DP scores on private validation data are not
   supported here: KK's amplification covers the subsampled training set only). Of the K candidates only the selected one's
   hyperparameters and score are covered; the others are never returned.
@@ -81,13 +82,17 @@ class SubsampledResult:
     tuned_hyperparameters: the grid point selected on X1 (before
       extrapolation), or None if the search released nothing (then the final
       run uses the first grid point, a data-independent default).
-    final_hyperparameters: the same after the task's extrapolation.
+    hyperparameters: the released model's: the tuned ones after the task's
+      extrapolation (what `params` were trained with).
     learning_rate_factor: final / tuned learning rate (n / m for DP-SGD, 1
       for DP-Adam; 1 if the task has no `learning_rate`).
     tuned_score: the selected candidate's score after training on the
       subset (NaN if nothing was released).
-    test_score: the final model's public test score (NaN if it diverged).
+    score: the released (final) model's public test score (NaN if it
+      diverged).
     num_candidates: K, candidates trained on X1.
+    resumed: how many of the K candidates and the final run were read back
+      from `run_dir` instead of trained now (0 without `run_dir`).
     subset_size: m = round(q N), the declared size of X1 (public; X1's actual
       size is `subset_mask.sum()`, private, and may be 0: the candidates then
       train on noise only, as does the final run on an empty final set).
@@ -109,11 +114,12 @@ class SubsampledResult:
   params: Any
   final_config: TrainConfig
   tuned_hyperparameters: Optional[Mapping[str, Any]]
-  final_hyperparameters: Mapping[str, Any]
+  hyperparameters: Mapping[str, Any]
   learning_rate_factor: float
   tuned_score: float
-  test_score: float
+  score: float
   num_candidates: int
+  resumed: int
   subset_size: int
   final_train_size: int
   variant: int
@@ -208,7 +214,7 @@ def extrapolate(config: TrainConfig, subset_size: int, final_size: int) -> tuple
 def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
                       data: Dataset, *, q: float, variant: int, repetitions: acc.KDistribution,
                       key: jax.Array, delta: float = 1e-5, warm_start: bool = False,
-                      run_dir: Optional[str] = None, trainer: Optional[durable.Trainer] = None,
+                      run_dir: Optional[str] = None, trainer: Optional[Trainer] = None,
                       initial_params: Any = None, **engine_kwargs) -> SubsampledResult:
   """Koskela-Kulkarni private tuning on a Poisson subset, then one final run.
 
@@ -241,44 +247,48 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   Example:
     res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data, q=0.2,
                             variant=1, repetitions=acc.Poisson(5), key=jax.random.key(0))
-    res.epsilon, res.test_score, res.compute_ratio
+    res.epsilon, res.score, res.compute_ratio
   """
   # Every argument is checked before the subset is drawn, K is drawn or
   # anything trains, so whether the call fails never depends on the draws.
   run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
   args = _checked(config, search_space, data, q=q, variant=variant, repetitions=repetitions,
-                  key=key, delta=delta, warm_start=warm_start, engine_kwargs=engine_kwargs)
+                  key=key, delta=delta, warm_start=warm_start, engine_kwargs=engine_kwargs,
+                  initial_params=initial_params)
+  # The subset's plan fingerprints the full data (its origin): the final run reads the rest.
+  fingerprint = args.plan.search_fields(
+      "subsampled_search", args.key, q=args.q, variant=args.variant, repetitions=args.repetitions,
+      delta=args.delta, warm_start=args.warm_start)
   subset_key, search_key, final_key = jax.random.split(args.key, 3)
   mask, final_mask = _draw_subset(args, subset_key)
-  subset = _split(args.data, mask, f"X1, q={args.q:g}", args.m)
-  with durable.CandidateStore.for_search(
-      "subsampled_search", args.space, args.data, args.key, run_dir=run_dir, trainer=trainer,
-      engine_kwargs=args.engine_kwargs, trains_on=subset, initial_params=initial_params, q=args.q,
-      variant=args.variant,
-      repetitions=args.repetitions, delta=args.delta, warm_start=args.warm_start) as store:
+  subset = args.plan.on_rows(_split(args.data, mask, f"X1, q={args.q:g}", args.m))
+  with CandidateStore(subset, run_dir=run_dir, fingerprint=fingerprint, trainer=trainer,
+                      engine_kwargs=args.engine_kwargs) as store:
     # Papernot-Steinke random search on X1, with the same key use as `random_search`.
-    cands = search_lib.draw_search(args.space, args.repetitions, search_key)
+    cands = search_lib.draw_search(args.plan.space, args.repetitions, search_key)
     results = store.train(cands)
     best = search_lib.best_index(results)
-    chosen = cands[best].config if best is not None else args.space.configs[0]
-    warm = results[best].params if (args.warm_start and best is not None) else initial_params
-    final_config, factor = extrapolate(chosen, args.m, args.n)
-    final = store.train_lone("final", final_config,
-                             lambda: _final_run(args, final_config, final_mask, final_key, warm))
-  return _result(args, cands, results, best, final_config, factor, final, mask)
+    chosen = args.plan.run_of(cands[best].config if best is not None else args.plan.space.configs[0])
+    final_config, factor = extrapolate(chosen.config, args.m, args.n)
+    final_data = _split(args.data, final_mask, "X \\ X1" if args.variant == 1 else "X", args.n)
+    warm = results[best].params if (args.warm_start and best is not None) else None
+    final_run = chosen.derive(final_config, final_data, initial=chosen.initial if warm is None else warm)
+    _check_final_event(args, final_run)
+    final = store.train_lone("final", final_run, lambda: run_planned(final_run, final_data, final_key))
+  return _result(args, cands, results, best, final_config, factor, final, mask, store.resumed)
 
 
-def _result(args, cands, results, best, final_config, factor, final, mask) -> SubsampledResult:
+def _result(args, cands, results, best, final_config, factor, final, mask, resumed) -> SubsampledResult:
   released = best is not None
-  chosen_point = dict(cands[best].point) if released else dict(args.space.points[0])
+  chosen_point = dict(cands[best].point) if released else dict(args.plan.space.points[0])
   spent = sum(_cost(c.config, args.m) for c in cands) + _cost(final_config, args.n)
-  mean_cost = float(np.mean([_cost(c, args.data.num_examples) for c in args.space.configs]))
+  mean_cost = float(np.mean([_cost(c, args.data.num_examples) for c in args.plan.space.configs]))
   return SubsampledResult(
       params=final.params, final_config=final_config,
       tuned_hyperparameters=chosen_point if released else None,
-      final_hyperparameters={name: final_config.value(name) for name in chosen_point},
+      hyperparameters={name: final_config.value(name) for name in chosen_point},
       learning_rate_factor=factor, tuned_score=float(results[best].score) if released else float("nan"),
-      test_score=float(final.test_score), num_candidates=len(cands), subset_size=args.m,
+      score=float(final.test_score), num_candidates=len(cands), resumed=resumed, subset_size=args.m,
       final_train_size=args.n, variant=args.variant, q=args.q, epsilon=args.epsilon,
       delta=args.delta, event=args.event, gradient_evaluations=spent,
       baseline_gradient_evaluations=args.repetitions.mean * mean_cost, subset_mask=mask)
@@ -286,7 +296,7 @@ def _result(args, cands, results, best, final_config, factor, final, mask) -> Su
 
 class _Checked(NamedTuple):
   """`subsampled_search`'s arguments after every check, and the accounted event."""
-  space: SearchSpace
+  plan: SearchPlan
   data: Dataset
   q: float
   variant: int
@@ -302,10 +312,11 @@ class _Checked(NamedTuple):
 
 
 def _checked(config, search_space, data, *, q, variant, repetitions, key, delta, warm_start,
-             engine_kwargs) -> _Checked:
+             engine_kwargs, initial_params) -> _Checked:
   space = _args.space(config, search_space)
-  data = _args.data(data, space)
-  if space.base.task.private_score:
+  plan = SearchPlan.build(space, data, initial_params=initial_params)
+  # Every configuration's task, not only the base's: a `derive` may swap in another.
+  if any(run.config.task.private_score for run in plan.runs):
     raise ValueError("subsampled_search does not support DP scores on private validation data: "
                      "KK's amplification by subsampling covers the training set only. Score on a "
                      "public test split")
@@ -317,26 +328,35 @@ def _checked(config, search_space, data, *, q, variant, repetitions, key, delta,
   variant = _check_variant(variant)
   m, n = declared_sizes(data.num_examples, q, variant)
   repetitions = _args.repetitions(repetitions)
-  key = _args.key(key)
+  key = _validate.prng_key("key", key)
   delta = _args.delta(delta)
   warm_start = _args.flag("warm_start", warm_start)
   engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  candidate = planning.candidate_event(space, data.num_examples)
-  extrapolate(space.configs[0], 1, 1)  # a task without `extrapolate` fails before any work
+  candidate = planning.plan_event(plan)
+  # Every final run the search could make, planned now: a task without `extrapolate`, or an
+  # extrapolation the model or the public start cannot take, fails before any work.
+  analyses: dict = {}
+  for run in plan.runs:
+    final_config, _ = extrapolate(run.config, m, n)
+    _check_final_event(None, run.derive(final_config, data, initial=run.initial, analyses=analyses),
+                       plan)
   # The final run's DpEvent is the selected candidate's (extrapolation keeps
   # gamma, sigma, T); which candidate is data-dependent, so account the worst.
   event = acc.SubsampledTuning(tune=acc.RepeatAndSelect(candidate, repetitions), final=candidate,
                                q=q, variant=variant)
   eps = acc.epsilon(event, delta, method="best")  # also fails early on a bad delta
-  return _Checked(space, data, q, variant, m, n, repetitions, key, float(delta), warm_start,
+  plan = plan.accounted(event=event, epsilon=eps, delta=delta)
+  return _Checked(plan, data, q, variant, m, n, repetitions, key, float(delta), warm_start,
                   engine_kwargs, event, eps)
 
 
-def _final_run(args: _Checked, final_config: TrainConfig, final_mask: np.ndarray,
-               final_key: jax.Array, warm: Any):
-  """The final model: `final_config` trained once on X \\ X1 (variant 1) or X (variant 2)."""
-  final_data = _split(args.data, final_mask, "X \\ X1" if args.variant == 1 else "X", args.n)
-  return train_candidate(final_config, final_data, final_key, initial_params=warm)
+def _check_final_event(args: Optional[_Checked], final_run, plan: Optional[SearchPlan] = None) -> None:
+  """Raises ValueError unless the final run's DpEvent is one a candidate has: what
+  `SubsampledTuning(final=...)` accounts (extrapolation keeps C, sigma, q and T)."""
+  plan = plan if plan is not None else args.plan
+  if all(final_run.dp_event != run.dp_event for run in plan.runs):
+    raise ValueError(f"the final run's DpEvent {final_run.dp_event} is no candidate's: the task's "
+                     "extrapolate must change hyperparameters only, never C, sigma, q or steps")
 
 
 def _draw_subset(args: _Checked, subset_key: jax.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -341,3 +341,85 @@ def test_laplace_beyond_exps_range_gets_its_randomized_response_pair():
   below, _ = _dpa.pld_of_event(dpa.LaplaceDpEvent(1 / 650), 0.01)
   ref = dpa.pld.PLDAccountant(value_discretization_interval=0.01).compose(dpa.LaplaceDpEvent(1 / 650))
   assert _same_pld(below, ref._pld)  # pylint: disable=protected-access
+
+
+# ----------------------------------------------------------------------------- faster, bit for bit
+# `poisson_gaussian_rdp` and `compose_plds` replace dp-accounting's Python loops
+# with numpy that performs the same floating-point operations in the same order:
+# every number must be dp-accounting's exactly (not approximately).
+
+_RDP = dpa.rdp.rdp_privacy_accountant
+
+
+@pytest.mark.parametrize("q", [1e-4, 256 / 60000, 0.16, 0.5, 0.99])
+@pytest.mark.parametrize("sigma", [0.3, 1.0, 2.7040846420396387, 50.0])
+def test_poisson_gaussian_rdp_is_dp_accountings_bit_for_bit(q, sigma):
+  # dp-accounting's default grid (fractional 1.1..10.9, integers up to 1024) and
+  # orders off it (near 1, large fractional).
+  for orders in (np.array(_dpa.DEFAULT_ORDERS), np.array([1.01, 1.5, 2.25, 3.7, 12.5, 33.3, 100.5, 200.0])):
+    ref = _RDP._compute_rdp_poisson_subsampled_gaussian(q, sigma, orders)  # pylint: disable=protected-access
+    ours = _dpa._compute_poisson_gaussian_rdp(q, sigma, orders)  # pylint: disable=protected-access
+    assert ours.dtype == ref.dtype and np.array_equal(ours, ref), np.flatnonzero(ours != ref)
+
+
+def test_poisson_gaussian_rdp_edges_and_cache_are_dp_accountings():
+  orders = np.array([1.5, 2.0, 32.0, np.inf])
+  for q, sigma in [(0.0, 1.0), (1.0, 1.0), (0.1, 0.0), (0.1, 1.0)]:  # dp-accounting's own branches
+    ref = _RDP._compute_rdp_poisson_subsampled_gaussian(q, sigma, orders)  # pylint: disable=protected-access
+    assert np.array_equal(_dpa.poisson_gaussian_rdp(q, sigma, orders), ref)
+  first = _dpa.poisson_gaussian_rdp(0.16, 2.0, _dpa.DEFAULT_ORDERS)
+  first[0] = -1.0  # a copy: callers cannot spoil the cache
+  ref = _RDP._compute_rdp_poisson_subsampled_gaussian(  # pylint: disable=protected-access
+      0.16, 2.0, np.array(_dpa.DEFAULT_ORDERS))
+  assert np.array_equal(_dpa.poisson_gaussian_rdp(0.16, 2.0, _dpa.DEFAULT_ORDERS), ref)
+  # Through the RDP accountant jaxdp composes with: a whole DP-SGD run and a composition.
+  for event in (EVENTS["dpsgd"], dpa.ComposedDpEvent([EVENTS["dpsgd"], dpa.GaussianDpEvent(5.0)])):
+    _dpa.clear_caches()
+    ref = dpa.rdp.RdpAccountant().compose(event)._rdp  # pylint: disable=protected-access
+    assert np.array_equal(_dpa.dp_event_rdp(event, _dpa.DEFAULT_ORDERS), ref)
+
+
+def _assert_same_pld(ours, ref):
+  assert ours._symmetric == ref._symmetric  # pylint: disable=protected-access
+  for a, b in zip(_dpa.pld_pmf_pair(ours), _dpa.pld_pmf_pair(ref)):
+    assert type(a) is type(b) and a._infinity_mass == b._infinity_mass  # pylint: disable=protected-access
+    if hasattr(b, "_probs"):
+      assert a._lower_loss == b._lower_loss and np.array_equal(a._probs, b._probs)  # pylint: disable=protected-access
+    else:
+      assert a._loss_probs == b._loss_probs  # pylint: disable=protected-access
+
+
+def test_compose_plds_is_dp_accountings_bit_for_bit():
+  pld_lib = dpa.pld.privacy_loss_distribution
+  run = pld_lib.from_gaussian_mechanism(1.0, sampling_prob=0.16, value_discretization_interval=1e-3).self_compose(20)
+  gauss = pld_lib.from_gaussian_mechanism(5.0, value_discretization_interval=1e-3)  # symmetric
+  pure = pld_lib.from_privacy_parameters(dpa.pld.common.DifferentialPrivacyParameters(1.0, 1e-6), 1e-3)  # sparse
+  identity = pld_lib.identity(1e-3)
+  for a, b in [(run, gauss), (gauss, run), (run, run), (gauss, gauss), (run, pure), (pure, pure), (identity, run)]:
+    for tail in (_dpa.COMPOSE_TAIL_MASS, 0.0, 1e-8):
+      _assert_same_pld(_dpa.compose_plds(a, b, tail), a.compose(b, tail))
+  optimistic = pld_lib.from_gaussian_mechanism(1.0, sampling_prob=0.16, pessimistic_estimate=False,
+                                               value_discretization_interval=1e-3)
+  _assert_same_pld(_dpa.compose_plds(optimistic, optimistic), optimistic.compose(optimistic))
+
+
+def test_truncation_prefix_is_dp_accountings_sum_from_the_left():
+  rng = np.random.default_rng(0)
+  for size in (0, 1, 5, 1023, 1024, 1025, 5000):
+    arr = rng.exponential(size=size) * 10.0 ** rng.uniform(-20, -14, size=size)
+    for threshold in (0.0, 1e-16, 5e-16, 1e-14, 1.0):
+      s, ref = 0, size
+      for i, val in enumerate(arr):  # dp-accounting's _find_prefix_to_truncate
+        s += val
+        if s > threshold:
+          ref = i
+          break
+      assert _dpa._truncation_prefix(arr, threshold) == ref  # pylint: disable=protected-access
+
+
+def test_pmf_delta_lower_is_dp_accountings_value():
+  pld = dpa.pld.privacy_loss_distribution.from_gaussian_mechanism(
+      1.0, sampling_prob=0.16, value_discretization_interval=1e-3).self_compose(20)
+  for pmf in _dpa.pld_pmf_pair(pld):
+    for eps in (-1.0, 0.0, 0.5, 1.0, 2.0, 3.0 + 1e-7, 50.0):
+      assert _dpa.pmf_delta_lower(pmf, eps) == pytest.approx(float(pmf.get_delta_for_epsilon(eps)), rel=1e-12)

@@ -332,3 +332,45 @@ def test_poisson_10_over_dpsgd_run_pinned():
   assert acct.get_delta(eps) <= 1e-5
   lo = PldAccountant().compose(ev.RepeatAndSelect(RUN, dists.Fixed(10))).get_epsilon(1e-5)
   assert lo < eps
+
+
+# --------------------------------------------------------------------------- epsilon_exceeds
+# `epsilon_exceeds(delta, eps)` is `get_epsilon(delta) > eps`, decided from the
+# first terms of the mixture where they already exceed delta at eps. (A coarse
+# grid, 1e-3, keeps the many full builds below short.)
+
+_COARSE = 1e-3
+_SEARCH = ev.RepeatAndSelect(dpa.ComposedDpEvent([ev.dpsgd_event(0.2, 2.0, 10), dpa.GaussianDpEvent(5.0)]),
+                             dists.Poisson(mean=3))
+
+
+@pytest.mark.parametrize("event", [
+    _SEARCH,
+    ev.RepeatAndSelect(ev.PureDp(0.5), dists.Geometric(mean=1.5)),
+    dpa.ComposedDpEvent([ev.RepeatAndSelect(dpa.GaussianDpEvent(3.0), dists.Binomial(6, 0.5)),
+                         dpa.GaussianDpEvent(4.0)]),
+    ev.RepeatAndSelect(dpa.GaussianDpEvent(3.0), dists.Fixed(3)),  # no random K: the plain comparison
+], ids=["dpsgd+score, Poisson", "pure, geometric", "selection + Gaussian", "fixed"])
+def test_epsilon_exceeds_is_the_comparison_with_get_epsilon(event):
+  exact = PldAccountant(_COARSE).compose(event).get_epsilon(1e-5)
+  for target in (0.5 * exact, exact * (1 - 1e-9), exact, exact * (1 + 1e-9), math.inf):
+    acct = PldAccountant(_COARSE).compose(event)
+    assert acct.epsilon_exceeds(1e-5, target) == (exact > target), target
+    # Whichever way it decided, get_epsilon is still the whole curve's number.
+    assert acct.get_epsilon(1e-5) == exact
+  assert PldAccountant(_COARSE).compose(event).epsilon_exceeds(1e-10, 1e6)  # below the floor: inf
+
+
+def test_epsilon_exceeds_stops_at_the_first_terms_that_exceed(monkeypatch):
+  # Poisson(3) needs 22 terms; far below the epsilon the first few already
+  # put delta above the target, and the rest are never composed.
+  composed = []
+  real = _dpa.compose_plds
+  monkeypatch.setattr(_dpa, "compose_plds", lambda a, b, *args: composed.append(1) or real(a, b, *args))
+  PldAccountant(_COARSE).compose(_SEARCH).get_epsilon(1e-5)
+  full = len(composed)
+  composed.clear()
+  acct = PldAccountant(_COARSE).compose(_SEARCH)
+  assert acct.epsilon_exceeds(1e-5, 1.0)
+  assert acct._curve_cache is None  # pylint: disable=protected-access
+  assert 0 < len(composed) < full / 2, (len(composed), full)

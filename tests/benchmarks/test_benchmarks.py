@@ -5,7 +5,7 @@ it: a fresh interpreter, so the scripts' own XLA flags apply), and only the
 shape of the output is checked: keys, types, finiteness. Timings are never
 asserted; they depend on the machine and on whatever else runs on it.
 
-They are marked slow (about 110 s together, mostly compiling in fresh
+They are marked slow (about 150 s together, mostly compiling in fresh
 interpreters and starting Ray for `scale_out`): `make test-slow`, which CI
 runs on every submission, finds a benchmark that no longer runs.
 """
@@ -64,6 +64,16 @@ def test_accounting_benchmark():
   _positive_numbers(row, ["seconds", "sigma", "epsilon", "baseline_seconds", "baseline_sigma", "speedup"])
   assert row["epsilon"] <= 2.0 and row["baseline_epsilon"] <= 2.0
   assert abs(row["sigma"] / row["baseline_sigma"] - 1) <= 2.1e-3
+
+
+def test_calibration_benchmark():
+  out = _run("benchmarks.calibration", "--quick")
+  assert out["quick"] is True and out["repeats"] == 1 and "baseline" not in out
+  _positive_numbers(out, ["calibrate_seconds", "dry_run_seconds", "sigma", "epsilon", "calibrate_epsilon"])
+  assert len(out["calibrate_runs"]) == len(out["dry_run_runs"]) == 1
+  assert "NoisyMean" in out["search"] and "Poisson(mean=3)" in out["search"]
+  # The calibrated sigma meets the target when re-accounted, alone and by the dry run.
+  assert out["epsilon"] <= 3.0 and out["calibrate_epsilon"] <= 3.0 and out["same_answers"] is True
 
 
 def test_dpsgd_throughput_benchmark():
@@ -164,3 +174,13 @@ def test_paper_epoch_benchmark():
                           "microbatch_size"])
   # 50 candidates x 60 epochs of the measured epoch, in hours.
   assert out["paper_profile_hours"] == pytest.approx(3000 * out["epoch_seconds"] / 3600, abs=0.01)
+
+
+def test_config_walk_benchmark():
+  out = _run("benchmarks.config_walk")
+  # One durable search on a 2 x 2 grid (one task, 2 programs, 4 configurations): the data is
+  # checked once and one spec is derived per configuration (issue 32: 11 and 23 before).
+  assert out["per_call_checks"] == {"check_data": 1, "check_initial_params": 0,
+                                    "LoopSpec.from_config": 4}
+  assert out["walk"][0] == "jaxdp/tuning/search.py" and out["stays"] == len(out["walk"])
+  assert 0 <= out["down"]["returns"] < out["down"]["stays"] <= out["stays"]

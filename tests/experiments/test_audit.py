@@ -20,12 +20,12 @@ def test_audit_help_lists_the_options(capsys):
   assert info.value.code == 0
   out = capsys.readouterr().out
   assert "--profile" in out and "--out" in out and "lower bound" in out
+  assert "20,000" in out and "200,000" in out  # the profiles of experiments/audit.py, described from their data
 
 
 @pytest.mark.slow
-def test_tiny_audit_writes_every_output_and_no_bound_is_violated(tmp_path, monkeypatch):
-  monkeypatch.setitem(audit.PROFILES, "quick", TINY)
-  assert audit.main(["--out", str(tmp_path), "--no-progress"]) == 0
+def test_tiny_audit_writes_every_output_and_no_bound_is_violated(tmp_path):
+  assert audit.main(["--out", str(tmp_path), "--no-progress"], profiles={"quick": TINY}) == 0
   for ext in ("png", "pdf", "csv", "json"):
     assert os.path.getsize(tmp_path / f"audit.{ext}") > 0
   with open(tmp_path / "audit.csv") as f:
@@ -55,8 +55,7 @@ def test_an_under_accounted_search_is_caught(tmp_path, monkeypatch, capsys):
   # is then above the accounted one, which no audit trial count can excuse: exit 3.
   real = game._accounted  # pylint: disable=protected-access
   monkeypatch.setattr(game, "_accounted", lambda *a, **k: {m: e / 3 for m, e in real(*a, **k).items()})
-  monkeypatch.setitem(audit.PROFILES, "quick", TINY)
-  assert audit.main(["--out", str(tmp_path), "--no-progress"]) == 3
+  assert audit.main(["--out", str(tmp_path), "--no-progress"], profiles={"quick": TINY}) == 3
   err = capsys.readouterr().err
   assert "AUDIT VIOLATION" in err and "gadget, K ~ Poisson(4): exact" in err and "> accounted best" in err
   with open(tmp_path / "audit.json") as f:

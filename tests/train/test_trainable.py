@@ -301,12 +301,12 @@ def test_a_lora_search_from_a_pretrained_backbone(digits, two_devices):
 
 @pytest.mark.slow  # a durable search: about 5 s
 def test_a_durable_search_refuses_other_public_parameters(digits, pretrained, two_devices, tmp_path):
-  from jaxdp.tuning.durable import SearchMismatchError  # pylint: disable=g-import-not-at-top
+  from jaxdp.sweep import SearchMismatchError  # pylint: disable=g-import-not-at-top
   kwargs = dict(repetitions=acc.Fixed(1), key=jax.random.key(1), devices=two_devices, run_dir=tmp_path)
   random_search(_config(HEAD_TASK), {"learning_rate": [0.3]}, digits, initial_params=pretrained,
                 **kwargs)
   other = jax.tree.map(lambda x: x + 1.0, pretrained)
-  with pytest.raises(SearchMismatchError, match="accounted"):
+  with pytest.raises(SearchMismatchError, match="differs in: jaxdp_initial_params"):
     random_search(_config(HEAD_TASK), {"learning_rate": [0.3]}, digits, initial_params=other,
                   **kwargs)
 

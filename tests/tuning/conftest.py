@@ -35,7 +35,7 @@ def no_work(monkeypatch):
       monkeypatch.setattr(cls, "sample", started("K drawn"))
   monkeypatch.setattr(engine, "train_candidates", started("candidates trained"))
   monkeypatch.setattr(engine, "_compiled_chunk", started("a batched program compiled"))
-  monkeypatch.setattr(subsampled, "train_candidate", started("final model trained"))
+  monkeypatch.setattr(subsampled, "run_planned", started("final model trained"))
   monkeypatch.setattr(trainer, "train_candidate", started("a candidate trained"))
   monkeypatch.setattr(trainer, "compiled", started("a candidate program compiled"))
   monkeypatch.setattr(subsampled, "poisson_mask", started("subset drawn"))

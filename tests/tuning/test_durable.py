@@ -15,7 +15,9 @@ from jaxdp import accounting as acc
 from jaxdp.audit import attacks, audit_search
 from jaxdp.data import Dataset
 from jaxdp.sweep import PoolLockedError, ResultPool, engine
-from jaxdp.tuning import durable, random_search, subsampled_search, threshold_search
+from jaxdp.sweep import SearchMismatchError
+from jaxdp.sweep.plan import data_fingerprint
+from jaxdp.tuning import random_search, subsampled_search, threshold_search
 
 GRID = {"learning_rate": [0.3, 1.0, 3.0]}
 REPS = acc.Poisson(mean=4)
@@ -124,7 +126,7 @@ def test_another_draw_on_the_same_run_dir_is_refused_before_training(change, why
     data = dataclasses.replace(digits, train=digits.train._replace(inputs=x))
   if "version" in change:
     monkeypatch.setattr(jaxdp, "__version__", change["version"])
-  with pytest.raises(durable.SearchMismatchError, match=rf"differs in: .*{why}.*second search on the same data"):
+  with pytest.raises(SearchMismatchError, match=rf"differs in: .*{why}.*second search on the same data"):
     random_search(config, grid, data, **kwargs)
 
 
@@ -190,10 +192,12 @@ def test_subsampled_search_resumes_and_keeps_its_final_model(digits, base_config
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   # A rerun trains nothing: the tuning candidates and the final model are read back.
   from jaxdp.tuning import subsampled  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(subsampled, "train_candidate", refusing)
+  monkeypatch.setattr(subsampled, "run_planned", refusing)
   again = subsampled_search(base_config, GRID, digits, run_dir=tmp_path, trainer=refusing, **kwargs)
   assert again.tuned_hyperparameters == whole.tuned_hyperparameters
-  assert again.test_score == whole.test_score and again.epsilon == whole.epsilon
+  assert again.score == whole.score and again.epsilon == whole.epsilon
+  # Every distinct tuning candidate and the final run were read back; the first run read none.
+  assert durable_run.resumed == 0 and again.resumed >= 2 and whole.resumed == 0
   for x, y in zip(jax.tree.leaves(whole.params), jax.tree.leaves(again.params)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
@@ -219,9 +223,9 @@ def test_a_trainer_without_run_dir_is_the_backend(digits, base_config, two_devic
 
 def test_the_fingerprint_reads_the_data_not_its_name(digits):
   same = Dataset(train=digits.train, test=digits.test, num_examples=digits.num_examples, name="other")
-  assert durable.data_fingerprint(same) == durable.data_fingerprint(digits)
+  assert data_fingerprint(same) == data_fingerprint(digits)
   fewer = Dataset(train=digits.train, test=digits.test, num_examples=digits.num_examples - 1)
-  assert durable.data_fingerprint(fewer) != durable.data_fingerprint(digits)
+  assert data_fingerprint(fewer) != data_fingerprint(digits)
 
 
 def test_ray_not_installed_is_one_clear_error_before_training(digits, base_config, tmp_path, monkeypatch):

@@ -59,7 +59,7 @@ def test_variant1_trains_the_final_model_on_exactly_the_complement(v1, digits):
   again = train_candidate(v1.final_config, _subset(digits, ~mask, v1.final_train_size), final_key)
   for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(v1.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert again.test_score == v1.test_score
+  assert again.score == v1.score
   # ... and not what training on all of X gives.
   other = train_candidate(v1.final_config, digits, final_key)
   assert not np.array_equal(np.asarray(jax.tree.leaves(other.params)[0]), np.asarray(jax.tree.leaves(v1.params)[0]))
@@ -79,8 +79,8 @@ def test_sgd_learning_rate_is_extrapolated_by_n_over_m(v1):
   assert v1.learning_rate_factor == pytest.approx(factor)
   assert v1.tuned_hyperparameters["learning_rate"] in GRID["learning_rate"]
   assert v1.final_config.hparams["learning_rate"] == pytest.approx(v1.tuned_hyperparameters["learning_rate"] * factor)
-  assert v1.final_hyperparameters["learning_rate"] == v1.final_config.hparams["learning_rate"]
-  assert 0.5 < v1.test_score <= 1.0 and 0.5 < v1.tuned_score <= 1.0
+  assert v1.hyperparameters["learning_rate"] == v1.final_config.hparams["learning_rate"]
+  assert 0.5 < v1.score <= 1.0 and 0.5 < v1.tuned_score <= 1.0
 
 
 def test_adam_keeps_the_learning_rate_and_privacy_parameters(base_config):
@@ -103,14 +103,14 @@ def test_compute_is_counted(v1, base_config, digits):
 def test_same_key_same_result(v1, digits, base_config, two_devices):
   again = _run(base_config, digits, two_devices)
   assert again.tuned_hyperparameters == v1.tuned_hyperparameters and again.num_candidates == v1.num_candidates
-  assert again.test_score == v1.test_score
+  assert again.score == v1.score
   np.testing.assert_array_equal(again.subset_mask, v1.subset_mask)
   # Another key draws another X1 (K = 0 here: only the final run trains).
   other = _run(base_config, digits, two_devices, key=jax.random.key(4), repetitions=acc.Poisson(mean=1e-9))
   assert not np.array_equal(other.subset_mask, v1.subset_mask)
   # K = 0 releases nothing: the final run uses the first grid point (data-independent), extrapolated.
   assert other.num_candidates == 0 and other.tuned_hyperparameters is None
-  assert other.final_hyperparameters["learning_rate"] == pytest.approx(0.3 * other.learning_rate_factor)
+  assert other.hyperparameters["learning_rate"] == pytest.approx(0.3 * other.learning_rate_factor)
 
 
 def test_privacy_changing_grid_is_accounted_by_uniform_candidates(digits, base_config, two_devices):

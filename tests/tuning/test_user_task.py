@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from jaxdp import accounting as acc
-from jaxdp.sweep import (Candidate, ResultPool, SearchSpace, engine, grid_candidates, record_of,
-                         run_sweep)
+from jaxdp.sweep import (Candidate, ResultPool, SearchPlan, SearchSpace, engine, grid_candidates,
+                         record_of, run_sweep)
 from jaxdp.train import LoopSpec, Task, TrainConfig, scale_learning_rate, train_candidate, trainer
 from jaxdp.tuning import dry_run, extrapolate, random_search, subsampled_search, threshold_search
 from jaxdp.tuning.planning import groups_of
@@ -65,7 +65,7 @@ def equivalence_space(user_config):
 def test_groups_traced_and_static(equivalence_space, user_data):
   space = equivalence_space
   assert len(space) == 64
-  groups = groups_of(space, user_data)
+  groups = groups_of(SearchPlan.build(space, user_data))
   assert len(groups) == 4 and [g.grid_points for g in groups] == [16] * 4
   assert {(g.static["width"], round(g.sampling_prob * USER_N)) for g in groups} == {
       (w, b) for w in (4, 8) for b in (10, 20)}
@@ -126,8 +126,11 @@ def test_run_sweep_durable_pool(user_config, user_data, two_devices, tmp_path):
     assert r["epsilon"] == user_config.epsilon(USER_N)
     # batch_size configs: the DpEvent is built with q = b / N.
     assert r["dp_event"] == repr(user_config.dp_event(USER_N)) and "sampling_probability=0.1" in r["dp_event"]
-  with pytest.raises(ValueError, match="pass num_examples"):
-    record_of(cands[0], lone[cands[0].id])  # q = b / N needs N
+  # The record's DpEvent is its run's, from the plan (q = b / N with the declared N).
+  plan = SearchPlan.for_candidates(cands[:1], user_data)
+  assert record_of(cands[0], lone[cands[0].id], plan)["dp_event"] == repr(user_config.dp_event(USER_N))
+  with pytest.raises(ValueError, match="not one of this SearchPlan's"):
+    record_of(Candidate(cands[0].point, user_config, 0), lone[cands[0].id], plan)
 
 
 @pytest.fixture(scope="module")
@@ -186,9 +189,9 @@ def test_subsampled_search(user_config, user_data, two_devices):
   # keep_hparams (Adam is scale invariant): the final run uses the tuned values.
   assert res.learning_rate_factor == 1.0
   if res.tuned_hyperparameters is not None:
-    assert res.final_hyperparameters == res.tuned_hyperparameters
-  assert res.final_config.hparams["width"] == res.final_hyperparameters["width"] == _kernel_width(res.params)
-  assert 0.0 <= res.test_score <= 1.0
+    assert res.hyperparameters == res.tuned_hyperparameters
+  assert res.final_config.hparams["width"] == res.hyperparameters["width"] == _kernel_width(res.params)
+  assert 0.0 <= res.score <= 1.0
   event = acc.SubsampledTuning(tune=acc.RepeatAndSelect(base.dp_event(), acc.Poisson(mean=2)),
                                final=base.dp_event(), q=0.5, variant=1)
   assert res.event == event and res.epsilon == acc.epsilon(event, 1e-5, "best")

@@ -1,0 +1,295 @@
+"""The one durable store of trained candidates: tuners, `run_sweep` and the audit train through it.
+
+`CandidateStore` trains what a `SearchPlan`'s candidates still miss through a
+pluggable trainer (`jaxdp.sweep.train_candidates`, the Ray backend, or
+anything with their signature), appends each chunk to a `ResultPool` in
+`run_dir` as soon as it ends (records and, when kept, parameters), and reads
+every candidate back from there. Without a `run_dir` it only trains.
+
+A rerun with the same arguments and key draws the same candidates, trains
+only those missing, and gets what an uninterrupted run gets: the same
+records, the parameters bit for bit on the same machine (read back from the
+same bytes). That is the only reason resuming is private: it is the same
+draw of the same mechanism. So a rerun that would be another draw, or the
+same draw of another mechanism, is refused before anything trains: the
+pool's manifest holds the search's fingerprint (`SearchPlan.fingerprint`:
+the caller's description, the data's sha256, the public start's digest) and
+its mechanism per grid point (`SearchPlan.mechanism`: the configuration,
+the candidates' DpEvent, the DP score's included, and the digest of the
+program they run). Any difference raises `SearchMismatchError` naming the
+part. A second draw on the same data would be a second search that no
+epsilon accounts for; a stored score released under a changed mechanism
+(say a `NoisyMean` now given a larger noise multiplier) would be reported
+with the new mechanism's epsilon, not the one that produced it.
+
+The pool holds candidates that are never released (their scores and
+parameters): a `run_dir` is as secret as the data.
+
+The record codec is here too: `record_of` writes a candidate's record,
+`result_from_record` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from jaxdp.sweep import engine
+from jaxdp.sweep.plan import SearchPlan, as_plan, event_record
+from jaxdp.sweep.pool import ParamsDamagedError, PoolMismatchError, ResultPool, SearchMismatchError
+from jaxdp.sweep.space import Candidate, config_record
+from jaxdp.train.run_plan import RunPlan
+from jaxdp.train.trainer import CandidateResult
+
+#: The training backend: `jaxdp.sweep.train_candidates(candidates, plan, ...)` or anything with
+#: its signature, e.g. `jaxdp.sweep.ray_backend.train_candidates_ray`.
+Trainer = Callable[..., list]
+
+
+def result_fields(result: CandidateResult) -> dict:
+  """What a pool record keeps of a `CandidateResult` (not its parameters)."""
+  return {"score": result.score, "test_score": result.test_score, "test_loss": result.test_loss,
+          "score_source": result.score_source, "steps": result.steps,
+          "planned_steps": result.planned_steps, "diverged": result.diverged,
+          "epsilon": result.epsilon, "delta": result.delta, "wall_time_s": result.wall_time_s}
+
+
+def record_of(candidate: Candidate, result: CandidateResult, plan: SearchPlan) -> dict:
+  """The pool record of a trained candidate of `plan` (no parameters)."""
+  return {"id": candidate.id, "point": dict(candidate.point), "seed": candidate.seed,
+          **result_fields(result), "dp_event": event_record(plan.run_of(candidate.config))}
+
+
+def result_from_record(record: Mapping[str, Any], params: Any) -> CandidateResult:
+  """The `CandidateResult` a pool record stands for (compile time is not stored: 0.0)."""
+  return CandidateResult(
+      score=float(record["score"]), test_score=float(record["test_score"]),
+      test_loss=float(record["test_loss"]), steps=int(record["steps"]),
+      planned_steps=int(record["planned_steps"]), epsilon=float(record["epsilon"]),
+      delta=float(record["delta"]), diverged=bool(record["diverged"]),
+      wall_time_s=float(record["wall_time_s"]), score_source=record["score_source"], params=params)
+
+
+class CandidateStore:
+  """Trains a plan's candidates through `trainer`, durably in `run_dir` when one is given.
+
+  Use it as a context manager: with a `run_dir` it holds the pool's writer
+  lock until it closes (a second process gets `PoolLockedError`).
+
+  Args:
+    plan: the `SearchPlan` every candidate belongs to.
+    run_dir: None (nothing on disk) or the pool's directory.
+    fingerprint: what the search is (a tuner's: `SearchPlan.search_fields`);
+      the data's sha256 and the public start's digest are always added
+      (`SearchPlan.fingerprint`), so a store opened on other data is refused.
+    points: the grid points whose mechanism the pool records (None: every
+      point of the plan).
+    trainer: the backend (None: `jaxdp.sweep.train_candidates`).
+    keep_params: read each candidate's parameters back (`train`), and store
+      them with its record.
+    engine_kwargs: forwarded to the trainer; an `on_chunk` given there is
+      called as well, after the chunk is on disk.
+
+  Raises:
+    SearchMismatchError: `run_dir` holds another search, or this one run by
+      another mechanism (before anything trains).
+  """
+
+  def __init__(self, plan: SearchPlan, *, run_dir: Optional[str] = None,
+               fingerprint: Optional[Mapping[str, Any]] = None,
+               points: Optional[Sequence[Mapping[str, Any]]] = None,
+               trainer: Optional[Trainer] = None, keep_params: bool = True,
+               engine_kwargs: Optional[Mapping[str, Any]] = None):
+    self.plan, self.trainer = plan, trainer or engine.train_candidates
+    self.keep_params = keep_params
+    self.engine_kwargs = dict(engine_kwargs or {})
+    self.pool: Optional[ResultPool] = None
+    if run_dir is not None:
+      self.pool = _open(plan, run_dir, fingerprint, points, read_only=False)
+    # What the run directory held when it opened, and what this search has asked for since:
+    # `resumed` counts the candidates read back from an earlier run, never a repeated draw.
+    self._held = set() if self.pool is None else self.pool.done_ids()
+    self._asked: set = set()
+
+  def __enter__(self) -> "CandidateStore":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  @property
+  def resumed(self) -> int:
+    """How many distinct candidates (and lone runs) asked for were read back from the run
+    directory, stored by an earlier run of the same search, instead of trained now."""
+    return len(self._asked & self._held)
+
+  def _drop(self, err: ParamsDamagedError) -> None:
+    """Quarantines what lost its parameters: it is trained again, so it is not resumed."""
+    self.pool.drop(err.ids, str(err))
+    self._held.difference_update(err.ids)
+
+  def close(self) -> None:
+    if self.pool is not None:
+      self.pool.close()
+
+  def train(self, candidates: Sequence[Candidate]) -> list:
+    """One `CandidateResult` (with parameters if `keep_params`) per candidate, in order.
+
+    The trainer chooses its layout for all of `candidates` (`search_size`),
+    however few of them are missing: a candidate trained on a resume gets the
+    bits it gets in an uninterrupted run.
+    """
+    if not candidates:
+      return []
+    if self.pool is None:
+      return self.trainer(list(candidates), self.plan, keep_params=self.keep_params,
+                          search_size=len(candidates), **self.engine_kwargs)
+    for _ in range(2):  # a second pass retrains what lost its parameters file
+      self.fill(candidates)
+      try:
+        return self._stored(candidates)
+      except ParamsDamagedError as err:
+        self._drop(err)
+    return self._stored(candidates)
+
+  def fill(self, candidates: Sequence[Candidate]) -> None:
+    """Trains the candidates the pool does not hold yet, appending each chunk as it ends."""
+    done = self.pool.done_ids()
+    todo = list({c.id: c for c in candidates if c.id not in done}.values())
+    self._asked.update(c.id for c in candidates)
+    if not todo:
+      return
+    user_on_chunk = self.engine_kwargs.get("on_chunk")
+
+    def on_chunk(chunk):
+      self.pool.append([record_of(c, r, self.plan) for c, r in chunk],
+                       params={c.id: r.params for c, r in chunk} if self.keep_params else None)
+      if user_on_chunk is not None:
+        user_on_chunk(chunk)
+
+    kwargs = dict(self.engine_kwargs, on_chunk=on_chunk)
+    self.trainer(todo, self.plan, keep_params=self.keep_params, search_size=len(candidates),
+                 **kwargs)
+
+  def train_lone(self, record_id: str, run: RunPlan, train: Callable[[], CandidateResult]
+                 ) -> CandidateResult:
+    """A run outside the drawn candidates (a final model) of plan `run`, stored under
+    `record_id`: `train()` trains it unless it is stored already.
+
+    Raises:
+      SearchMismatchError: the stored run's DpEvent or configuration is not
+        `run`'s (e.g. another extrapolation of the tuned hyperparameters).
+    """
+    if self.pool is None:
+      return train()
+    # As a reload reads them back (JSON), so an identical rerun compares equal.
+    expected = {"dp_event": event_record(run), "config": json.loads(json.dumps(config_record(run.config)))}
+    self._asked.add(record_id)
+    for _ in range(2):
+      if record_id not in self.pool.done_ids():
+        result = train()
+        self.pool.append([dict(result_fields(result), id=record_id, point={}, seed=-1, **expected)],
+                         params={record_id: result.params})
+      record = next(r for r in self.pool.records if r["id"] == record_id)
+      for field, value in expected.items():
+        if record.get(field) != value:
+          raise SearchMismatchError(
+              f"run directory {self.pool.run_dir!r} holds {record_id!r} run with another "
+              f"{field} (stored {record.get(field)!r:.240}, now {value!r:.240}): releasing it would "
+              "report the mechanism of this run, not the one that produced it; rerun the "
+              "identical search, or start a new search in a new run_dir")
+      try:
+        leaves = self.pool.load_params([record])[record_id]
+      except ParamsDamagedError as err:
+        self._drop(err)
+        continue
+      return result_from_record(record, run.treedef.unflatten(leaves))
+    raise RuntimeError(f"{record_id}: its parameters could not be stored in {self.pool.run_dir!r}")
+
+  def _stored(self, candidates: Sequence[Candidate]) -> list:
+    records = {r["id"]: r for r in self.pool.records}
+    missing = [c.id for c in candidates if c.id not in records]
+    if missing:
+      raise RuntimeError(f"the trainer returned without storing candidates {missing[:3]}: a backend "
+                         "must call on_chunk for every chunk it trains")
+    if not self.keep_params:
+      return [result_from_record(records[c.id], None) for c in candidates]
+    leaves = self.pool.load_params([records[c.id] for c in {c.id: c for c in candidates}.values()])
+    return [result_from_record(records[c.id],
+                               self.plan.run_of(c.config).treedef.unflatten(leaves[c.id]))
+            for c in candidates]
+
+
+def check_run_dir(plan: SearchPlan, run_dir: str, fingerprint: Optional[Mapping[str, Any]] = None,
+                  points: Optional[Sequence[Mapping[str, Any]]] = None) -> None:
+  """What opening a `CandidateStore` in `run_dir` checks, without writing anything (a dry run).
+
+  Raises:
+    SearchMismatchError: `run_dir` holds another search or mechanism.
+    ValueError: `run_dir` is not a directory.
+  """
+  if os.path.exists(run_dir):
+    _open(plan, run_dir, fingerprint, points, read_only=True).close()
+
+
+def _open(plan: SearchPlan, run_dir: str, fingerprint, points, *, read_only: bool) -> ResultPool:
+  try:
+    return ResultPool(run_dir, plan.fingerprint(**(fingerprint or {})), read_only=read_only,
+                      mechanism=plan.mechanism(points))
+  except PoolMismatchError as err:
+    raise SearchMismatchError(
+        f"{err}. A search resumed with another key, grid, configuration, law of K, data, public "
+        "start or jaxdp version is not the same draw, and one resumed with another mechanism "
+        "(a configuration's DpEvent or DP score, the task's loss, score, model, optimizer, "
+        "clipping or trainable set) would release scores that the reported epsilon does not "
+        "account for: either is a second search on the same data. Rerun the identical search "
+        "to resume, or start a new search in a new run_dir") from None
+
+
+def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: Mapping[str, Any], *,
+              progress: bool = True, trainer: Optional[Trainer] = None,
+              initial_params: Any = None, **engine_kwargs) -> ResultPool:
+  """Trains the candidates not yet in the pool at `run_dir`, appending each chunk as it ends.
+
+  Args:
+    candidates: all candidates of the sweep (finished ones are skipped).
+    data: a `jaxdp.data.Dataset`, or the `SearchPlan` of the candidates.
+    run_dir: the pool's directory.
+    fingerprint: what the sweep is; a directory with another one is refused.
+      The mechanism of every grid point among `candidates` (its
+      configuration, DpEvent and program digest, `SearchPlan.mechanism`),
+      the data's sha256 and the digest of `initial_params` are added to it
+      here: a pool resumed with another C, hyperparameter, noise multiplier,
+      DP score, clipping path, trainable set, loss, model, optimizer, data or
+      public start is refused whatever `fingerprint` says; a rerun may add
+      grid points and seeds.
+    progress: progress bar with ETA.
+    trainer: the training backend, `jaxdp.sweep.train_candidates` by default
+      (the Ray backend has the same signature). It is called only after the
+      pool has been checked, here on the driver.
+    initial_params: as in `jaxdp.sweep.train_candidates` (only with a `Dataset`).
+    **engine_kwargs: passed to the backend (`max_candidates_per_device`, ...).
+
+  Returns:
+    The `ResultPool`, now holding every candidate, closed (its writer lock
+    released; its records stay readable).
+
+  Raises:
+    PoolLockedError: another process is writing `run_dir`.
+    SearchMismatchError: `run_dir` holds another sweep or mechanism (before
+      anything trains); `PoolMismatchError`: an older pool format.
+    ValueError: a task does not fit `data` (before anything trains).
+  """
+  if len({c.id for c in candidates}) != len(candidates):
+    raise ValueError("candidates must be distinct (same grid point and seed given twice)")
+  if not isinstance(fingerprint, Mapping):
+    raise ValueError(f"fingerprint must be a mapping, got {fingerprint!r:.200}")
+  engine.check_options(progress=progress, **{k: v for k, v in engine_kwargs.items()
+                                             if k in ("devices", "max_candidates_per_device")})
+  plan = as_plan(candidates, data, initial_params)
+  with CandidateStore(plan, run_dir=run_dir, fingerprint=fingerprint,
+                      points=[c.point for c in candidates], trainer=trainer, keep_params=False,
+                      engine_kwargs=dict(engine_kwargs, progress=progress)) as store:
+    store.fill(candidates)
+  return store.pool
