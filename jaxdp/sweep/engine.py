@@ -204,6 +204,14 @@ def check_options(max_candidates_per_device: Optional[int] = None,
   return tuple(devices) if devices is not None else tuple(jax.devices())
 
 
+def check_layout(plan: SearchPlan, devices: Optional[Sequence[jax.Device]] = None) -> None:
+  """Raises ValueError unless every run's `ExecutionConfig.data_parallel` divides the devices
+  this engine would use: a tuner asks before it draws, so the failure never depends on K."""
+  num_devices = len(check_options(devices=devices))
+  for run in plan.runs:
+    data_parallel_degree(run.config.execution.data_parallel, 1, num_devices)
+
+
 def _groups(candidates, plan: SearchPlan, num_devices: int, search_size: Optional[int]) -> list:
   """Candidates grouped by `LoopSpec` and `ExecutionConfig.data_parallel`, in first-seen
   order, from the plan's runs. The automatic degree is chosen for `search_size` candidates

@@ -84,7 +84,8 @@ class SearchPlan:
   @classmethod
   def for_candidates(cls, candidates: Sequence[Candidate], data: Dataset, *,
                      initial_params: Any = None) -> "SearchPlan":
-    """The plan of the grid points that `candidates` use (one run per distinct configuration)."""
+    """The plan of the grid points that `candidates` use (one run per point; one configuration
+    per point, the candidates at a point share it)."""
     for c in candidates:
       if not isinstance(c, Candidate):
         raise ValueError(f"candidates must be Candidate objects, got {type(c).__name__}")

@@ -222,21 +222,25 @@ class CandidateStore:
 
 
 def check_run_dir(plan: SearchPlan, run_dir: str, fingerprint: Optional[Mapping[str, Any]] = None,
-                  points: Optional[Sequence[Mapping[str, Any]]] = None) -> None:
+                  points: Optional[Sequence[Mapping[str, Any]]] = None, *,
+                  mechanism: bool = True) -> None:
   """What opening a `CandidateStore` in `run_dir` checks, without writing anything (a dry run).
+  With `mechanism=False`, the fingerprint only (the mechanism is checked when the store opens:
+  a subsampled search's programs are known only once its subset is drawn).
 
   Raises:
     SearchMismatchError: `run_dir` holds another search or mechanism.
     ValueError: `run_dir` is not a directory.
   """
   if os.path.exists(run_dir):
-    _open(plan, run_dir, fingerprint, points, read_only=True).close()
+    _open(plan, run_dir, fingerprint, points, read_only=True, mechanism=mechanism).close()
 
 
-def _open(plan: SearchPlan, run_dir: str, fingerprint, points, *, read_only: bool) -> ResultPool:
+def _open(plan: SearchPlan, run_dir: str, fingerprint, points, *, read_only: bool,
+          mechanism: bool = True) -> ResultPool:
   try:
     return ResultPool(run_dir, plan.fingerprint(**(fingerprint or {})), read_only=read_only,
-                      mechanism=plan.mechanism(points))
+                      mechanism=plan.mechanism(points) if mechanism else None)
   except PoolMismatchError as err:
     raise SearchMismatchError(
         f"{err}. A search resumed with another key, grid, configuration, law of K, data, public "

@@ -116,7 +116,7 @@ def plan_runs(configs: Sequence[TrainConfig], data: Dataset, *,
   """One `RunPlan` per configuration (repeats share one), after checking everything once.
 
   The data is checked once per task (`checks.check_data`), each distinct
-  program once on the data's shapes (`checks.check_task`), and
+  program once on the data's shapes (`checks.check_program`), and
   `initial_params` once against each distinct model.
 
   Raises:

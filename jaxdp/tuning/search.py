@@ -31,6 +31,7 @@ from jaxdp._cache import LruCache
 from jaxdp import accounting as acc
 from jaxdp.accounting import kdistribution
 from jaxdp.data import Dataset
+from jaxdp.sweep import engine
 from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.space import Candidate, SearchSpace
 from jaxdp.sweep.store import CandidateStore, Trainer, check_run_dir
@@ -321,20 +322,20 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
                            repetitions=acc.Poisson(mean=5), key=jax.random.key(0))
   """
   release_all_scores = _args.flag("release_all_scores", release_all_scores)
-  plan, store = _random_search_plan(config, search_space, data, repetitions=repetitions, key=key,
-                                    delta=delta, target_epsilon=target_epsilon, run_dir=run_dir,
-                                    trainer=trainer, initial_params=initial_params,
-                                    engine_kwargs=engine_kwargs)
-  with store as candidates:
+  plan, opened = _random_search_plan(config, search_space, data, repetitions=repetitions, key=key,
+                                     delta=delta, target_epsilon=target_epsilon, run_dir=run_dir,
+                                     trainer=trainer, initial_params=initial_params,
+                                     engine_kwargs=engine_kwargs)
+  with CandidateStore(plan, **opened) as store:
     cands = draw_search(plan.space, repetitions, key)
-    results = candidates.train(cands)
+    results = store.train(cands)
   return _released(plan, store, cands, results, best_index(results), release_all_scores)
 
 
 def _random_search_plan(config, search_space, data, *, repetitions, key, delta, target_epsilon,
                         run_dir, trainer, initial_params, engine_kwargs) -> tuple:
-  """(plan, store) of `random_search`'s arguments, every one checked once: what the search and
-  its dry run share."""
+  """(plan, the `CandidateStore`'s other arguments) of `random_search`'s arguments, every one
+  checked once: what the search and its dry run share."""
   repetitions = _args.repetitions(repetitions)
   key = _validate.prng_key("key", key)
   run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
@@ -342,42 +343,21 @@ def _random_search_plan(config, search_space, data, *, repetitions, key, delta, 
   plan = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
                  outer=lambda cand: acc.RepeatAndSelect(cand, repetitions),
                  initial_params=initial_params)
+  if trainer is None:  # this host's devices; another backend lays out its own
+    engine.check_layout(plan, engine_kwargs.get("devices"))
   fingerprint = plan.search_fields("random_search", key, repetitions=repetitions,
                                         delta=plan.delta, target_epsilon=target_epsilon)
-  return plan, _Store(plan, run_dir, fingerprint, trainer, engine_kwargs)
+  return plan, dict(run_dir=run_dir, fingerprint=fingerprint, trainer=trainer,
+                    engine_kwargs=engine_kwargs)
 
 
-@dataclasses.dataclass
-class _Store:
-  """The arguments of a `CandidateStore`, opened when the search starts (a dry run only
-  checks them)."""
-  plan: SearchPlan
-  run_dir: Optional[str]
-  fingerprint: Mapping[str, Any]
-  trainer: Any
-  engine_kwargs: Mapping[str, Any]
-  store: Optional[CandidateStore] = None
-
-  def __enter__(self) -> CandidateStore:
-    self.store = CandidateStore(self.plan, run_dir=self.run_dir, fingerprint=self.fingerprint,
-                                trainer=self.trainer, engine_kwargs=self.engine_kwargs)
-    return self.store
-
-  def __exit__(self, *exc) -> None:
-    self.store.close()
-
-  @property
-  def resumed(self) -> int:
-    return 0 if self.store is None else self.store.resumed
-
-
-def _released(plan: SearchPlan, store: _Store, cands: list, results: list, chosen: Optional[int],
-              release_all_scores: bool) -> TunedResult:
+def _released(plan: SearchPlan, store: CandidateStore, cands: list, results: list,
+              chosen: Optional[int], release_all_scores: bool) -> TunedResult:
   """What a search releases: candidate `chosen` (None: nothing) of the `cands` it trained."""
   some = chosen is not None
-  if store.run_dir is not None and store.engine_kwargs.get("progress"):
+  if store.pool is not None and store.engine_kwargs.get("progress"):
     distinct = len({c.id for c in cands})
-    tqdm.write(f"{store.run_dir}: resumed {store.resumed} of the {distinct} distinct candidate(s) "
+    tqdm.write(f"{store.pool.run_dir}: resumed {store.resumed} of the {distinct} distinct candidate(s) "
                f"(read back from an earlier run), trained {distinct - store.resumed} now", file=sys.stderr)
   return TunedResult(
       hyperparameters=dict(cands[chosen].point) if some else None,
@@ -411,12 +391,12 @@ def dry_run(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapp
   E[K] x steps x q N per-example gradients). `print` it.
   """
   _args.flag("release_all_scores", release_all_scores)
-  plan, store = _random_search_plan(
+  plan, opened = _random_search_plan(
       config, search_space, data, repetitions=repetitions,
       key=jax.random.key(0) if key is None else key, delta=delta, target_epsilon=target_epsilon,
       run_dir=run_dir, trainer=trainer, initial_params=initial_params, engine_kwargs=engine_kwargs)
-  if store.run_dir is not None:  # what the search would refuse there (read only)
-    check_run_dir(plan, store.run_dir, store.fingerprint)
+  if opened["run_dir"] is not None:  # what the search would refuse there (read only)
+    check_run_dir(plan, opened["run_dir"], opened["fingerprint"])
   return planning.dry_run_report(plan, repetitions)
 
 
@@ -461,15 +441,17 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
   plan = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
                  outer=lambda cand: acc.ThresholdSelect(cand, stop_prob, max_candidates),
                  initial_params=initial_params)
+  if trainer is None:
+    engine.check_layout(plan, engine_kwargs.get("devices"))
   fingerprint = plan.search_fields("threshold_search", key, threshold=threshold,
                                         stop_prob=stop_prob, max_candidates=max_candidates,
                                         delta=plan.delta, target_epsilon=target_epsilon)
-  store = _Store(plan, run_dir, fingerprint, trainer, engine_kwargs)
   cands, results, chosen = [], [], None
-  with store as candidates:
+  with CandidateStore(plan, run_dir=run_dir, fingerprint=fingerprint, trainer=trainer,
+                      engine_kwargs=engine_kwargs) as store:
     for draw_key, stop_key in _threshold_keys(key, max_candidates):
       cands.append(_draw_candidates(plan.space, 1, draw_key)[0])
-      results.append(candidates.train(cands[-1:])[0])  # a stored candidate is read back, not trained
+      results.append(store.train(cands[-1:])[0])  # a stored candidate is read back, not trained
       if not math.isnan(results[-1].score) and results[-1].score >= threshold:
         chosen = len(cands) - 1
         break

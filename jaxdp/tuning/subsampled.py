@@ -40,9 +40,10 @@ import numpy as np
 from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
+from jaxdp.sweep import engine
 from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.space import SearchSpace
-from jaxdp.sweep.store import CandidateStore, Trainer
+from jaxdp.sweep.store import CandidateStore, Trainer, check_run_dir
 from jaxdp.train import TrainConfig
 from jaxdp.train.sampling import poisson_mask
 from jaxdp.train.trainer import run_planned
@@ -259,6 +260,10 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   fingerprint = args.plan.search_fields(
       "subsampled_search", args.key, q=args.q, variant=args.variant, repetitions=args.repetitions,
       delta=args.delta, warm_start=args.warm_start)
+  if trainer is None:  # this host's devices; another backend lays out its own
+    engine.check_layout(args.plan, args.engine_kwargs.get("devices"))
+  if run_dir is not None:  # another search there is refused before the subset is drawn
+    check_run_dir(args.plan, run_dir, fingerprint, mechanism=False)
   subset_key, search_key, final_key = jax.random.split(args.key, 3)
   mask, final_mask = _draw_subset(args, subset_key)
   subset = args.plan.on_rows(_split(args.data, mask, f"X1, q={args.q:g}", args.m))

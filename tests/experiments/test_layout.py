@@ -25,6 +25,7 @@ def test_one_script_per_pipeline_and_a_readme():
     assert f"`{os.path.basename(path)}`" in readme, path
 
 
+@pytest.mark.slow  # a fresh interpreter per script: about 2 s each
 @pytest.mark.parametrize("path", SCRIPTS, ids=os.path.basename)
 def test_every_script_answers_help(path):
   # As make runs them: a fresh interpreter, from the repository root, the jaxdp of this checkout.

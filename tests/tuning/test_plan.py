@@ -228,6 +228,7 @@ def test_a_store_always_fingerprints_its_data(user_config, user_data, tmp_path):
   assert len(log) == 2
 
 
+@pytest.mark.slow  # two stored searches: about 3 s
 def test_the_prng_implementation_is_part_of_the_fingerprint(user_config, user_data, tmp_path):
   kwargs = dict(repetitions=acc.Fixed(2), run_dir=str(tmp_path), trainer=_fake_trainer([]))
   random_search(user_config, GRID, user_data, key=jax.random.key(0, impl="rbg"), **kwargs)
@@ -283,6 +284,7 @@ def test_resumed_never_counts_what_was_trained_again(user_config, user_data, tmp
       assert store.resumed == 0 and len(log) == 4
 
 
+@pytest.mark.slow  # a search stored and three dry runs, each tracing the programs: about 5 s
 def test_dry_run_refuses_the_run_dir_the_search_would_refuse(user_config, user_data, tmp_path):
   kwargs = dict(repetitions=acc.Fixed(2), run_dir=str(tmp_path / "s"), trainer=_fake_trainer([]))
   random_search(user_config, GRID, user_data, key=jax.random.key(0), **kwargs)
@@ -294,3 +296,18 @@ def test_dry_run_refuses_the_run_dir_the_search_would_refuse(user_config, user_d
   (tmp_path / "file").write_text("")
   with pytest.raises(ValueError, match="is not a directory"):
     dry_run(user_config, GRID, user_data, repetitions=REPS, run_dir=str(tmp_path / "file"))
+
+
+def test_a_layout_or_run_dir_the_search_cannot_use_fails_before_any_draw(user_config, user_data,
+                                                                         tmp_path, two_devices,
+                                                                         no_work):
+  # Whether the call fails must not depend on K or on the subset drawn.
+  three = user_config.replace(execution=user_config.execution.__class__(data_parallel=3))
+  with pytest.raises(ValueError, match=r"data_parallel must be an integer in \[1, 2\]"):
+    random_search(three, GRID, user_data, repetitions=REPS, key=jax.random.key(0),
+                  devices=two_devices)
+  sgd = _sgd_config(user_config)
+  kwargs = dict(q=0.5, variant=1, repetitions=acc.Fixed(1), run_dir=str(tmp_path))
+  (tmp_path / "manifest.json").write_text('{"jaxdp_pool": {"format": 4}, "tuner": "other"}')
+  with pytest.raises(SearchMismatchError, match="holds a different sweep"):
+    subsampled_search(sgd, {"learning_rate": [0.03]}, user_data, key=jax.random.key(0), **kwargs)
