@@ -37,7 +37,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from jaxdp.sweep import engine
 from jaxdp.sweep.plan import SearchPlan, as_plan, event_record
-from jaxdp.sweep.pool import ParamsDamagedError, PoolMismatchError, ResultPool, SearchMismatchError
+from jaxdp.sweep.pool import (MANIFEST, ParamsDamagedError, PoolMismatchError, ResultPool,
+                              SearchMismatchError)
 from jaxdp.sweep.space import Candidate, config_record
 from jaxdp.train.run_plan import RunPlan
 from jaxdp.train.trainer import CandidateResult
@@ -232,6 +233,8 @@ def check_run_dir(plan: SearchPlan, run_dir: str, fingerprint: Optional[Mapping[
     SearchMismatchError: `run_dir` holds another search or mechanism.
     ValueError: `run_dir` is not a directory.
   """
+  if os.path.isdir(run_dir) and not os.path.exists(os.path.join(run_dir, MANIFEST)):
+    return  # a new search's directory (results without a manifest are refused on opening)
   if os.path.exists(run_dir):
     _open(plan, run_dir, fingerprint, points, read_only=True, mechanism=mechanism).close()
 

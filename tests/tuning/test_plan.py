@@ -311,3 +311,14 @@ def test_a_layout_or_run_dir_the_search_cannot_use_fails_before_any_draw(user_co
   (tmp_path / "manifest.json").write_text('{"jaxdp_pool": {"format": 4}, "tuner": "other"}')
   with pytest.raises(SearchMismatchError, match="holds a different sweep"):
     subsampled_search(sgd, {"learning_rate": [0.03]}, user_data, key=jax.random.key(0), **kwargs)
+
+
+def test_a_new_search_may_start_in_an_existing_empty_run_dir(user_config, user_data, tmp_path,
+                                                             two_devices):
+  # What a dry run and the subsampled search check before drawing: only a pool is compared.
+  assert os.path.isdir(tmp_path) and not os.listdir(tmp_path)
+  dry_run(user_config, GRID, user_data, repetitions=REPS, run_dir=str(tmp_path))
+  res = subsampled_search(_sgd_config(user_config), {"learning_rate": [0.03]}, user_data, q=0.5,
+                          variant=1, repetitions=acc.Fixed(1), key=jax.random.key(0),
+                          run_dir=str(tmp_path), trainer=_fake_trainer([]), devices=two_devices)
+  assert res.resumed == 0 and os.path.exists(tmp_path / "manifest.json")
