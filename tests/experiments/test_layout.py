@@ -69,8 +69,8 @@ def test_profiles_are_defined_in_experiments_only(name):
 def test_the_wheel_does_not_ship_experiments():
   try:
     import tomllib  # pylint: disable=g-import-not-at-top
-  except ImportError:  # Python 3.10
-    tomllib = pytest.importorskip("tomli")
+  except ImportError:  # Python 3.10: tomli is a dev dependency there (pyproject), never skipped
+    import tomli as tomllib  # pylint: disable=g-import-not-at-top
   import setuptools  # pylint: disable=g-import-not-at-top
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
     find = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]
