@@ -33,6 +33,7 @@ many candidates per device as fit a quarter of its memory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -48,6 +49,7 @@ from tqdm.auto import tqdm
 from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
+from jaxdp.sweep import checkpoints
 from jaxdp.sweep.plan import SearchPlan, as_plan
 from jaxdp.sweep.space import Candidate, candidate_keys
 from jaxdp.train import program
@@ -127,29 +129,33 @@ def _mesh(devices: tuple, data_parallel: int) -> Mesh:
 
 
 def _build_program(spec: LoopSpec, devices: tuple, per_device: int, data_parallel: int):
-  """The jitted program for one chunk of `per_device * len(devices) / data_parallel` candidates."""
+  """The jitted `program.run_segment` for one chunk of `per_device * len(devices) / data_parallel`
+  candidates."""
   # Data parallelism is an axis name for the pure program: it shares out the
   # batch and adds the clipped shares before the noise (build_train_loop).
-  axis_name = "data" if data_parallel > 1 else None
-  run = functools.partial(program.run_candidate, spec, axis_name=axis_name)
+  run = functools.partial(program.run_segment, spec,
+                          axis_name="data" if data_parallel > 1 else None)
+  # Per candidate: plan, hyperparameters, key, state, fresh. Shared: the data, the public
+  # start, the stop.
+  batched = (True, True, True, False, False, False, False, True, True, False)
   if per_device == 1:
     # One candidate per device runs the lone program itself: under vmap its
     # while loops and conds would become selects over the candidate axis,
     # which costs time and gains nothing for a single candidate.
-    def fn(plan, traced, keys, train, test, validation, initial):
-      one = jax.tree.map(lambda x: x[0], (plan, traced, keys))
-      return jax.tree.map(lambda x: x[None], run(*one, train, test, validation, initial))
+    def fn(*args):
+      args = [jax.tree.map(lambda x: x[0], a) if b else a for a, b in zip(args, batched)]
+      return jax.tree.map(lambda x: x[None], run(*args))
   else:
     # The very program `train_candidate` runs, vmapped: a batched candidate
     # equals a lone run given `candidate.key()`.
-    fn = jax.vmap(run, in_axes=(0, 0, 0, None, None, None, None))
+    fn = jax.vmap(run, in_axes=tuple(0 if b else None for b in batched))
   # Candidates are split over "candidates" and replicated over "data": every
-  # device of a candidate gets its plan, hyperparameters and key, and returns
-  # the same (replicated) outputs. Only the clipped-gradient psum crosses
-  # devices, so the replication checks (which reject the init params in the
-  # loop carry) are off.
+  # device of a candidate gets its plan, hyperparameters, key and state, and
+  # returns the same (replicated) outputs. Only the clipped-gradient psum
+  # crosses devices, so the replication checks (which reject the init params
+  # in the loop carry) are off.
   fn = jax.shard_map(fn, mesh=_mesh(devices, data_parallel),
-                     in_specs=(P("candidates"), P("candidates"), P("candidates"), P(), P(), P(), P()),
+                     in_specs=tuple(P("candidates") if b else P() for b in batched),
                      out_specs=P("candidates"), check_vma=False)
   return jax.jit(fn)
 
@@ -178,11 +184,13 @@ class _Group:
 
 @dataclasses.dataclass(frozen=True)
 class _Job:
-  """A dispatched chunk: its candidates, its (not yet fetched) outputs, when it left."""
+  """A dispatched chunk: its candidates, its (not yet fetched) outputs, when it left, and the
+  step each resumed candidate's training picked up from (candidate index -> step)."""
   indices: list
   outputs: tuple
   dispatched: float
   compile_time_s: float
+  resumed: dict
 
 
 def check_options(max_candidates_per_device: Optional[int] = None,
@@ -227,10 +235,9 @@ def _groups(candidates, plan: SearchPlan, num_devices: int, search_size: Optiona
   return groups
 
 
-def _chunk_inputs(candidates, part: list, chunk: int, plan: SearchPlan, spec: LoopSpec, mesh: Mesh):
+def _chunk_inputs(candidates, padded: list, plan: SearchPlan, spec: LoopSpec, sharding):
   """(DP-SGD plans, traced hyperparameters, keys) of one chunk, sharded over the candidate axis
   (and replicated over the data axis)."""
-  padded = part + [part[-1]] * (chunk - len(part))  # copies fill the last chunk: one compilation
   configs = [candidates[i].config for i in padded]
   dp_plan = jax.tree.map(lambda *xs: np.asarray(xs, np.float32),
                          *[plan.run_of(c).dp_plan for c in configs])
@@ -238,28 +245,160 @@ def _chunk_inputs(candidates, part: list, chunk: int, plan: SearchPlan, spec: Lo
             for name in spec.traced_names}
   # Keyed by (grid point, seed): equal seeds at two points must not share noise.
   keys = candidate_keys([candidates[i] for i in padded])
-  return jax.device_put((dp_plan, traced, keys), NamedSharding(mesh, P("candidates")))
+  return jax.device_put((dp_plan, traced, keys), sharding)
+
+
+class _Cadence:
+  """When a chunk's loop stops to save checkpoints (`ExecutionConfig.checkpoint_every`).
+
+  S >= 1: after every step that is a multiple of S. 0: never. None: by wall
+  time: a first segment of `checkpoints.PROBE_STEPS` steps is timed (once per
+  group), then segments of about `checkpoints.AUTO_SECONDS` each.
+  """
+
+  def __init__(self, every: Optional[int]):
+    self.every = every
+    self.seconds_per_step: Optional[float] = None
+
+  @property
+  def probing(self) -> bool:
+    return self.every is None and self.seconds_per_step is None
+
+  def next_stop(self, at: int, total: int) -> int:
+    if self.every == 0:
+      return total
+    if self.every is not None:
+      return min(total, (at // self.every + 1) * self.every)
+    if self.seconds_per_step is None:
+      return min(total, at + checkpoints.PROBE_STEPS)
+    return min(total, at + max(1, int(checkpoints.AUTO_SECONDS / max(self.seconds_per_step, 1e-9))))
+
+
+def _cadence(group: "_Group", candidates) -> _Cadence:
+  """A group's cadence: the most frequent any of its configurations asks for (0 = never)."""
+  asked = {candidates[i].config.execution.checkpoint_every for i in group.indices}
+  fixed = sorted(a for a in asked if a)
+  return _Cadence(fixed[0] if fixed else (None if None in asked else 0))
+
+
+def _saved(state: program.LoopState) -> dict:
+  return {field: getattr(state, field) for field in program.SAVED_FIELDS}
+
+
+def _set_row(rows: np.ndarray, j: int, value) -> np.ndarray:
+  rows = np.array(rows)  # a copy: the group's template stays zeros
+  rows[j] = value
+  return rows
+
+
+class _Saver:
+  """The engine's side of `jaxdp.sweep.checkpoints`: a chunk's resume and its saves."""
+
+  def __init__(self, store: checkpoints.Checkpoints, plan: SearchPlan, candidates):
+    self.store, self.plan, self.candidates = store, plan, candidates
+    self._identity: dict = {}
+    self.last: dict = {}  # candidate id -> the step of its newest checkpoint
+
+  def identity(self, i: int) -> str:
+    cid = self.candidates[i].id
+    if cid not in self._identity:
+      self._identity[cid] = self.plan.identity(self.candidates[i])
+    return self._identity[cid]
+
+  def resume(self, padded: list, empty: program.LoopState) -> tuple:
+    """(host state with every checkpointed candidate's saved state in its rows, the rows to
+    start fresh, index -> step), or (None, None, {}) when no candidate of the chunk has one."""
+    ids = [self.candidates[i].id for i in padded]
+    if not any(self.store.steps(cid) for cid in set(ids)):
+      return None, None, {}
+    host = _saved(empty)
+    fresh = np.ones(len(padded), bool)
+    found, resumed = {}, {}
+    for j, (i, cid) in enumerate(zip(padded, ids)):
+      if cid not in found:
+        found[cid] = self.store.restore(cid, self.identity(i),
+                                        jax.tree.map(lambda x, j=j: np.asarray(x[j]), host))
+      if found[cid] is None:
+        continue
+      step, saved = found[cid]
+      host = jax.tree.map(lambda rows, x, j=j: _set_row(rows, j, x), host, saved)
+      fresh[j] = False
+      resumed[i] = self.last[cid] = step
+    if not resumed:
+      return None, None, {}
+    return empty._replace(**host), fresh, resumed
+
+  def save(self, padded: list, state: program.LoopState) -> None:
+    """Saves the chunk's candidates whose step moved since their last checkpoint."""
+    host = jax.device_get(_saved(state))
+    for j, i in enumerate(padded):
+      cid = self.candidates[i].id
+      step = int(host["step"][j])
+      if step > self.last.get(cid, 0):
+        self.store.save(cid, self.identity(i), step,
+                        jax.tree.map(lambda x, j=j: np.asarray(x[j]), host))
+        self.last[cid] = step
 
 
 def _dispatch_group(group: _Group, candidates, plan: SearchPlan, splits: tuple, devices: tuple,
-                    per_device: int, bar) -> Iterator[_Job]:
-  """Dispatches the group's chunks one by one (asynchronously: each returns at once)."""
+                    per_device: int, bar, saver: Optional[_Saver]) -> Iterator[_Job]:
+  """Dispatches the group's chunks one by one. Without checkpoints each returns at once (the
+  devices run asynchronously); with them, a chunk stops after each segment to save."""
   mesh = _mesh(devices, group.data_parallel)
   chunk = per_device * mesh.shape["candidates"]
+  sharding = NamedSharding(mesh, P("candidates"))
+  train, test, validation = splits
   initial = group.run.initial
   if initial is not None:  # replicated once per group
     initial = jax.device_put(initial, NamedSharding(mesh, P()))
-  compile_s = None
-  for start in range(0, len(group.indices), chunk):
-    part = group.indices[start:start + chunk]
-    args = (*_chunk_inputs(candidates, part, chunk, plan, group.spec, mesh), *splits, initial)
-    if compile_s is None:
+  # What a fresh candidate's state input is (ignored by the program): on the devices once.
+  empty = program.empty_state(group.spec, plan.data.train, rows=chunk)
+  empty_on_device = jax.device_put((empty, np.ones(chunk, bool), np.zeros(chunk, bool)), sharding)
+  executable, compile_s = None, 0.0
+
+  def run(inputs, state, fresh, stop):
+    nonlocal executable, compile_s
+    args = (*inputs[:3], train, test, validation, initial, state, fresh, np.int32(stop))
+    if executable is None:
       bar.set_postfix_str("compiling")
       executable, compile_s = _compiled_chunk(group.spec, devices, per_device, group.data_parallel,
                                               args)
       bar.set_postfix_str(f"compiled in {compile_s:.1f} s")
+    return executable(*args)
+
+  total = group.spec.num_steps
+  cadence = _cadence(group, candidates)
+  for start in range(0, len(group.indices), chunk):
+    part = group.indices[start:start + chunk]
+    padded = part + [part[-1]] * (chunk - len(part))  # copies fill the last chunk: one compilation
+    inputs = _chunk_inputs(candidates, padded, plan, group.spec, sharding)
     dispatched = time.perf_counter()
-    yield _Job(part, executable(*args), dispatched, compile_s)
+    state, fresh, not_fresh = empty_on_device
+    resumed = {}
+    if saver is not None:
+      restored, rows, resumed = saver.resume(padded, empty)
+      if resumed:
+        state, fresh = jax.device_put((restored, rows), sharding)
+    if saver is None:
+      state, scores = run(inputs, state, fresh, total)
+    else:
+      # Segments of the one compiled program: where the loop stops changes nothing it computes.
+      at = min(resumed.get(i, 0) for i in padded)
+      while at < total:
+        stop = cadence.next_stop(at, total)
+        probing = cadence.probing
+        if probing:
+          jax.block_until_ready(state)
+          began = time.perf_counter()
+        state, scores = run(inputs, state, fresh, stop)
+        fresh = not_fresh
+        if probing:
+          jax.block_until_ready(state)
+          cadence.seconds_per_step = (time.perf_counter() - began) / (stop - at)
+        elif stop < total:
+          saver.save(padded, state)
+        at = stop
+    yield _Job(part, (program.output(state), *scores), dispatched, compile_s, resumed)
 
 
 class _Collector:
@@ -267,8 +406,8 @@ class _Collector:
   chunk's results to `on_chunk` as soon as they are there."""
 
   def __init__(self, candidates, plan: SearchPlan, keep_params: bool,
-               on_chunk: Optional[Callable[[list], None]], bar):
-    self.candidates, self.plan, self.keep_params = candidates, plan, keep_params
+               on_chunk: Optional[Callable[[list], None]], bar, saver: Optional[_Saver]):
+    self.candidates, self.plan, self.keep_params, self.saver = candidates, plan, keep_params, saver
     self.on_chunk, self.bar = on_chunk, bar
     self.results: list = [None] * len(candidates)
     self.last_done = time.perf_counter()
@@ -288,8 +427,11 @@ class _Collector:
       one = LoopOutput(params=params, steps=out.steps[j], finite=out.finite[j])
       self.results[i] = result_of(self.plan.run_of(self.candidates[i].config), one, score[j],
                                   test_score[j], test_loss[j], elapsed, params=params,
-                                  compile_time_s=job.compile_time_s)
+                                  compile_time_s=job.compile_time_s,
+                                  resumed_step=job.resumed.get(i, 0))
       done.append((self.candidates[i], self.results[i]))
+    if self.saver is not None:  # their last saves complete before anyone may remove them
+      self.saver.store.release(self.candidates[i].id for i in job.indices)
     if self.on_chunk is not None:
       self.on_chunk(done)
     self.bar.update(len(job.indices))
@@ -301,7 +443,8 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, Searc
                      keep_params: bool = False, progress: bool = False,
                      on_chunk: Optional[Callable[[list], None]] = None,
                      search_size: Optional[int] = None,
-                     initial_params: Optional[Any] = None) -> list[CandidateResult]:
+                     initial_params: Optional[Any] = None,
+                     checkpoint_dir: Optional[str] = None) -> list[CandidateResult]:
   """Trains every candidate; returns `CandidateResult`s in the input order.
 
   Chunks are dispatched asynchronously: while the devices train one chunk,
@@ -339,6 +482,14 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, Searc
       size to every call: each candidate then runs in the same program and
       gets the same bits as in one call (a short call pads its chunk with
       copies).
+    checkpoint_dir: None (no checkpoints), or the directory of the
+      candidates' checkpoints (`jaxdp.sweep.checkpoints`; a durable store
+      passes `<run_dir>/checkpoints`): every candidate resumes from its
+      newest valid checkpoint there, and saves one as its configuration's
+      `ExecutionConfig.checkpoint_every` asks. A resumed candidate computes
+      what it computes uninterrupted (bit for bit on the same machine and
+      layout). Checkpoints are not removed here (the store removes them once
+      the candidate's record is stored).
 
   Returns:
     One `jaxdp.train.CandidateResult` per candidate; `wall_time_s` is the
@@ -355,12 +506,19 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, Searc
   plan = as_plan(candidates, data, initial_params)
   if search_size is not None:
     search_size = _validate.integer("search_size", search_size, low=1)
+  if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
+    raise ValueError(f"checkpoint_dir must be None or a directory path, got {checkpoint_dir!r}")
   groups = _groups(candidates, plan, len(devices), search_size)
   mesh = Mesh(np.array(devices), ("devices",))
   # Once per call, replicated on every device: no host round-trip per chunk.
   splits = jax.device_put(device_splits(plan.data), NamedSharding(mesh, P()))
-  with tqdm(total=len(candidates), disable=not progress, desc="candidates", unit="cand") as bar:
-    collector = _Collector(candidates, plan, keep_params, on_chunk, bar)
+  store = None if checkpoint_dir is None else checkpoints.Checkpoints(checkpoint_dir)
+  saver = None if store is None else _Saver(store, plan, candidates)
+  with contextlib.ExitStack() as stack, tqdm(total=len(candidates), disable=not progress,
+                                             desc="candidates", unit="cand") as bar:
+    if store is not None:
+      stack.enter_context(store)  # pending saves finish before the call returns
+    collector = _Collector(candidates, plan, keep_params, on_chunk, bar, saver)
     pending = None
     for g, group in enumerate(groups):
       bar.set_description(f"candidates (group {g + 1}/{len(groups)})")
@@ -368,7 +526,7 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, Searc
                                                                             splits[0])
       slots = len(devices) // group.data_parallel  # candidates trained side by side
       per_device = min(per_device, math.ceil((search_size or len(group.indices)) / slots))
-      for job in _dispatch_group(group, candidates, plan, splits, devices, per_device, bar):
+      for job in _dispatch_group(group, candidates, plan, splits, devices, per_device, bar, saver):
         if pending is not None:
           collector.finish(pending)  # the host's work overlaps the job just dispatched
         pending = job

@@ -196,11 +196,7 @@ class SearchPlan:
     unknown = [k for k in keys if k not in by_key]
     if unknown:
       raise ValueError(f"grid points {unknown[:3]} are not in this plan")
-    programs: dict = {}
-    for k in keys:
-      spec = by_key[k].spec
-      if spec not in programs:
-        programs[spec] = digest_lib.program_digest(spec, self.data)
+    programs = {by_key[k].spec: self._program_digest(by_key[k].spec) for k in keys}
     if not keys:
       return {part: {} for part in MECHANISM_PARTS}
     return {
@@ -209,6 +205,29 @@ class SearchPlan:
         "dp_events": {k: event_record(by_key[k]) for k in keys},
         "programs": {k: programs[by_key[k].spec] for k in keys},
     }
+
+  @functools.cached_property
+  def _digests(self) -> dict:
+    return {}
+
+  def _program_digest(self, spec) -> str:
+    # Traced once per distinct program and plan (the manifest and every checkpoint read it).
+    if spec not in self._digests:
+      self._digests[spec] = digest_lib.program_digest(spec, self.data)
+    return self._digests[spec]
+
+  @functools.cached_property
+  def _start_fingerprint(self) -> dict:
+    return self.fingerprint()
+
+  def identity(self, candidate: Candidate) -> str:
+    """sha256 of everything one candidate's run computes from: its id and PRNG key, its grid
+    point's mechanism (configuration, DpEvent, program digest: `mechanism`), the data and the
+    public start (`fingerprint`). A checkpoint is resumed only by a run of the same identity
+    (`jaxdp.sweep.checkpoints`)."""
+    what = {"id": candidate.id, "key": np.asarray(jax.random.key_data(candidate.key())).tolist(),
+            "mechanism": self.mechanism([candidate.point]), "start": self._start_fingerprint}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
   def fingerprint(self, **fields: Any) -> dict:
     """`fields` plus what the candidates read besides their configurations: the data's

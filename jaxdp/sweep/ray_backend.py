@@ -10,12 +10,14 @@ the local engine on its chunk, on whatever devices its worker sees.
 from __future__ import annotations
 
 import socket
+import sys
 from typing import Callable, Optional, Sequence
 
 from tqdm.auto import tqdm
 
 from jaxdp import _validate
 from jaxdp._cache import LruCache
+from jaxdp.sweep import checkpoints
 from jaxdp.sweep import engine
 from jaxdp.sweep.plan import as_plan
 
@@ -34,11 +36,12 @@ def _require_ray():
 # (tasks compare by identity in a `LoopSpec`) the same compiled programs: only
 # a worker's first chunk of a call compiles.
 _SHARED = LruCache(2)
+_POLL_S = 2.0  # how often the driver looks for lost nodes while it waits
 
 
 def _shared(box: list):
-  """(candidates, data, engine kwargs) of the call whose object ref `box` holds (a list, so Ray
-  passes the ref itself)."""
+  """(candidates, plan, engine kwargs, checkpoint token) of the call whose object ref `box` holds
+  (a list, so Ray passes the ref itself)."""
   ref = box[0]
   return _SHARED.get_or_build(ref.binary(), lambda: _require_ray().get(ref))
 
@@ -63,8 +66,18 @@ def _check_reachable(address: Optional[str], timeout_s: float = 5.0) -> None:
 
 
 def _train_chunk(box: list, indices: list) -> list:
-  candidates, plan, engine_kwargs = _shared(box)
+  candidates, plan, engine_kwargs, token = _shared(box)
+  if engine_kwargs.get("checkpoint_dir") is not None:
+    checkpoints.check_reachable(engine_kwargs["checkpoint_dir"], token)
   return engine.train_candidates([candidates[i] for i in indices], plan, **engine_kwargs)
+
+
+def _alive_nodes(ray) -> dict:
+  return {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes() if n.get("Alive")}
+
+
+def _say(line: str) -> None:
+  tqdm.write(f"jaxdp: {line}", file=sys.stderr)
 
 
 def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num_cpus: float = 1,
@@ -93,6 +106,17 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
     **engine_kwargs: passed to `engine.train_candidates` inside each task;
       its `search_size` is capped at `chunk_size` (each task lays out a full
       chunk, so a candidate gets the same bits in whichever chunk it lands).
+      With `checkpoint_dir` (a durable store's `<run_dir>/checkpoints`) the
+      workers write the candidates' checkpoints there, and a task that Ray
+      retries after its worker or node was lost resumes them mid-way. On a
+      multi-node cluster that directory must be storage every node reaches
+      (a shared file system): each task checks that it sees the driver's
+      (a token the driver writes there) before it trains, and fails with a
+      ValueError naming its node otherwise.
+
+  Output: one `jaxdp:` line on stderr per Ray node lost during the call, and
+  one per chunk whose candidates resumed from checkpoints (Ray's own worker
+  logs stay on the workers: `log_to_driver=False`).
 
   Returns:
     Results in input order.
@@ -124,7 +148,11 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
   # the short last chunk, or a rerun of only what a crash left missing.
   search_size = min(chunk_size, engine_kwargs.pop("search_size", None) or chunk_size)
   kwargs = dict(engine_kwargs, keep_params=keep_params, search_size=search_size)
-  box = [ray.put((list(candidates), plan, kwargs))]
+  token = None
+  if kwargs.get("checkpoint_dir") is not None:
+    token = checkpoints.mark_reachable(kwargs["checkpoint_dir"])
+  box = [ray.put((list(candidates), plan, kwargs, token))]
+  nodes = _alive_nodes(ray)
   pending = {}
   for start in range(0, len(candidates), chunk_size):
     idx = list(range(start, min(start + chunk_size, len(candidates))))
@@ -132,9 +160,22 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
   results: list = [None] * len(candidates)
   with tqdm(total=len(candidates), disable=not progress, desc="candidates (ray)", unit="cand") as bar:
     while pending:
-      ready, _ = ray.wait(list(pending), num_returns=1)
+      ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
+      alive = _alive_nodes(ray)
+      for node in sorted(set(nodes) - set(alive)):
+        how = ("from their candidates' checkpoints" if token is not None
+               else "from the start of their candidates (no run_dir: no checkpoints)")
+        _say(f"Ray node {node[:12]} ({nodes[node]}) was lost; Ray retries the tasks it ran "
+             f"(max_retries={max_retries}) {how}")
+      nodes = alive
+      if not ready:
+        continue
       idx = pending.pop(ready[0])
       chunk = ray.get(ready[0])
+      resumed = [f"{candidates[i].id} at step {res.resumed_step}" for i, res in zip(idx, chunk)
+                 if res.resumed_step]
+      if resumed:
+        _say(f"candidate(s) {', '.join(resumed)} resumed from their checkpoints")
       for i, res in zip(idx, chunk):
         results[i] = res
       if on_chunk is not None:

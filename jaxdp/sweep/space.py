@@ -50,12 +50,15 @@ def config_record(config) -> dict:
 
   The task (functions, a Flax module) is not serialisable: it is recorded by
   its name, followed by every config field, the hyperparameters and the
-  execution settings. Deterministic across processes (no object addresses).
+  execution settings but `checkpoint_every`. Deterministic across processes (no object
+  addresses).
   """
   record = {"task": config.task.name}
   record.update({name: _json_value(getattr(config, name)) for name in CONFIG_FIELDS})
   record["hparams"] = {k: _json_value(v) for k, v in sorted(config.hparams.items())}
-  record["execution"] = {k: _json_value(v) for k, v in dataclasses.asdict(config.execution).items()}
+  # How often a candidate checkpoints changes nothing it computes: a resume may change it.
+  record["execution"] = {k: _json_value(v) for k, v in dataclasses.asdict(config.execution).items()
+                         if k != "checkpoint_every"}
   return record
 
 

@@ -36,6 +36,7 @@ import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from jaxdp.sweep import engine
+from jaxdp.sweep.checkpoints import DIRNAME as CHECKPOINTS, Checkpoints
 from jaxdp.sweep.plan import SearchPlan, as_plan, event_record
 from jaxdp.sweep.pool import (MANIFEST, ParamsDamagedError, PoolMismatchError, ResultPool,
                               SearchMismatchError)
@@ -53,7 +54,8 @@ def result_fields(result: CandidateResult) -> dict:
   return {"score": result.score, "test_score": result.test_score, "test_loss": result.test_loss,
           "score_source": result.score_source, "steps": result.steps,
           "planned_steps": result.planned_steps, "diverged": result.diverged,
-          "epsilon": result.epsilon, "delta": result.delta, "wall_time_s": result.wall_time_s}
+          "epsilon": result.epsilon, "delta": result.delta, "wall_time_s": result.wall_time_s,
+          "resumed_step": result.resumed_step}
 
 
 def record_of(candidate: Candidate, result: CandidateResult, plan: SearchPlan) -> dict:
@@ -69,7 +71,8 @@ def result_from_record(record: Mapping[str, Any], params: Any) -> CandidateResul
       test_loss=float(record["test_loss"]), steps=int(record["steps"]),
       planned_steps=int(record["planned_steps"]), epsilon=float(record["epsilon"]),
       delta=float(record["delta"]), diverged=bool(record["diverged"]),
-      wall_time_s=float(record["wall_time_s"]), score_source=record["score_source"], params=params)
+      wall_time_s=float(record["wall_time_s"]), score_source=record["score_source"],
+      resumed_step=int(record.get("resumed_step", 0)), params=params)
 
 
 class CandidateStore:
@@ -106,12 +109,19 @@ class CandidateStore:
     self.keep_params = keep_params
     self.engine_kwargs = dict(engine_kwargs or {})
     self.pool: Optional[ResultPool] = None
+    self.checkpoints: Optional[Checkpoints] = None
     if run_dir is not None:
       self.pool = _open(plan, run_dir, fingerprint, points, read_only=False)
+      self.checkpoints = Checkpoints(os.path.join(run_dir, CHECKPOINTS))
+      # A crash between storing a record and removing its checkpoints leaves them: gone now.
+      self.checkpoints.remove(set(self.checkpoints.held()) & self.pool.done_ids())
+      self.engine_kwargs["checkpoint_dir"] = self.checkpoints.directory
     # What the run directory held when it opened, and what this search has asked for since:
     # `resumed` counts the candidates read back from an earlier run, never a repeated draw.
     self._held = set() if self.pool is None else self.pool.done_ids()
     self._asked: set = set()
+    #: Candidates trained now whose training resumed mid-way from a checkpoint: id -> step.
+    self.resumed_steps: dict = {}
 
   def __enter__(self) -> "CandidateStore":
     return self
@@ -131,6 +141,8 @@ class CandidateStore:
     self._held.difference_update(err.ids)
 
   def close(self) -> None:
+    if self.checkpoints is not None:
+      self.checkpoints.close()
     if self.pool is not None:
       self.pool.close()
 
@@ -166,6 +178,9 @@ class CandidateStore:
     def on_chunk(chunk):
       self.pool.append([record_of(c, r, self.plan) for c, r in chunk],
                        params={c.id: r.params for c, r in chunk} if self.keep_params else None)
+      # Stored durably: their checkpoints (secret, never needed again) go.
+      self.checkpoints.remove(c.id for c, _ in chunk)
+      self.resumed_steps.update({c.id: r.resumed_step for c, r in chunk if r.resumed_step})
       if user_on_chunk is not None:
         user_on_chunk(chunk)
 

@@ -65,11 +65,22 @@ class ExecutionConfig:
       engine uses, or the engine raises ValueError before any training.
       `jaxdp.train.train_candidate` runs one candidate on one device and
       does not read it.
+    checkpoint_every: how often a candidate that trains with a checkpoint
+      directory (a tuner's or `run_sweep`'s `run_dir`) saves its loop state
+      (`jaxdp.sweep.checkpoints`), so that a run killed mid-candidate resumes
+      from its last checkpoint rather than step 0. An int S >= 1: every S DP
+      steps. None (default): by wall time, about every
+      `jaxdp.sweep.checkpoints.AUTO_SECONDS` (10 minutes) of a candidate's
+      training (a candidate shorter than that never saves one). 0: never.
+      Not read without a checkpoint directory. Performance only: a resumed
+      candidate continues with the same samples and noise, through the same
+      compiled step, so it computes the bits of an uninterrupted run.
   """
   padded_batch_size: int | None = None
   microbatch_size: int | None = None
   eval_batch_size: int = 1000
   data_parallel: int | None = None
+  checkpoint_every: int | None = None
 
   def __post_init__(self):
     if self.padded_batch_size is not None:
@@ -82,6 +93,9 @@ class ExecutionConfig:
     if self.data_parallel is not None:
       object.__setattr__(self, "data_parallel",
                          _validate.integer("data_parallel", self.data_parallel, low=1))
+    if self.checkpoint_every is not None:
+      object.__setattr__(self, "checkpoint_every",
+                         _validate.integer("checkpoint_every", self.checkpoint_every, low=0))
 
 
 class UncheckedHparamsWarning(UserWarning):

@@ -5,8 +5,8 @@ and `jaxdp.sweep.run_sweep` train through) stores trained candidates and read th
 rerun. That is private only if the rerun would run the very same mechanism,
 so the pool records what each candidate computes: its DpEvent, and the
 digest of its program made here. The program is `program.run_candidate`
-(init, the DP training loop, the public and the DP score: the one program
-lone and batched runs share) traced by `jax.make_jaxpr` on abstract
+(init, the DP training loop, the public and the DP score: the composition of
+the three programs lone and batched runs execute) traced by `jax.make_jaxpr` on abstract
 arguments, so the digest reads the model, the loss, the score, the
 optimizer, the clipping path, the trainable set and the inputs function as
 they are *now*, not by name: a loss edited under the same name, a

@@ -2,12 +2,16 @@
 
 `LoopSpec` is everything static about a run (task, static hyperparameters,
 data structure, q, T, padding, microbatch): equal specs share one compiled
-program. `build_train_loop` is a pure, jittable function of (params,
-DpSgdPlan, traced hyperparameters, key, training batch pytree) with every
-shape static, so the sweep engine can `jax.vmap` it over a candidate axis of
-plans, hyperparameters and keys; `run_candidate` is init, train and score as
-the one program lone and batched runs share. Compiled programs and executables
-are kept in bounded `jaxdp._cache.LruCache`s.
+program. `build_loop` is the DP training loop as two pure, jittable
+functions with every shape static: `begin` (the `LoopState` at step 0) and
+`advance` (the steps from the state's step up to a traced stop), so one
+compiled step runs a candidate in one segment or in many (checkpoints,
+`jaxdp.sweep.checkpoints`) with the same result. A candidate is three
+programs, `start_candidate` (init), `advance_candidate` and
+`finish_candidate` (scores), which lone and batched runs share; the sweep
+engine `jax.vmap`s them over a candidate axis of plans, hyperparameters,
+keys and states. Compiled programs and executables are kept in bounded
+`jaxdp._cache.LruCache`s.
 """
 
 from __future__ import annotations
@@ -277,6 +281,30 @@ class LoopOutput(NamedTuple):
   finite: jax.Array     # False if the parameters became non-finite (diverged)
 
 
+class LoopState(NamedTuple):
+  """Everything the DP training loop carries from one step to the next.
+
+  `step`, `trained`, `opt_state` and `finite` are what a checkpoint holds
+  (`jaxdp.sweep.checkpoints`): with the run's key they determine every later
+  step. The optimizer state holds the noise transform's PRNG key, split on
+  every step, and the Poisson sample of step t is drawn from the loop key
+  folded with t, so a loop continued from a saved state draws the samples
+  and noise of the uninterrupted run. PRNG keys are stored as their raw key
+  data (`jax.random.key_data`), so the state is plain arrays that a host can
+  copy and write. `frozen` (the parameters not trained) is a function of the
+  key and the public start only: a resume recomputes it instead of storing it.
+  """
+  step: jax.Array       # steps done (int32)
+  trained: PyTree
+  opt_state: PyTree     # PRNG keys as key data
+  finite: jax.Array     # False once the parameters became non-finite
+  frozen: PyTree
+
+
+#: The fields of a `LoopState` a checkpoint stores (the rest is recomputed).
+SAVED_FIELDS = ("step", "trained", "opt_state", "finite")
+
+
 def _zero_row(tree: PyTree) -> PyTree:
   """One all-zero example shaped like the rows of `tree` (which may hold none)."""
   return jax.tree.map(lambda leaf: jnp.zeros((1,) + tuple(np.shape(leaf)[1:]), device_dtype(leaf)), tree)
@@ -305,52 +333,71 @@ def _take(tree: PyTree, idx: jax.Array) -> PyTree:
   return jax.tree.map(lambda leaf: leaf[idx], tree)
 
 
-def build_train_loop(spec: LoopSpec, *, axis_name: Optional[str] = None) -> Callable[..., LoopOutput]:
-  """The pure inner DP training loop for `spec` (not jitted; jit or vmap it).
+def _is_key(leaf) -> bool:
+  return jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key)
 
-  Args:
-    spec: the static structure of the run.
-    axis_name: None (default): the loop runs on one device. Otherwise the
-      name of a `jax.shard_map` mesh axis over which each step's batch is
-      shared out (data parallelism); every argument must then be the same on
-      every device of that axis (replicated).
+
+def _raw_keys(tree: PyTree) -> PyTree:
+  return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
+
+
+def _typed_keys(raw: PyTree, like: PyTree) -> PyTree:
+  """`raw` with the leaves that are PRNG keys in `like` (same structure) wrapped back."""
+  return jax.tree.map(lambda r, x: jax.random.wrap_key_data(r, impl=jax.random.key_impl(x))
+                      if _is_key(x) else r, raw, like)
+
+
+def build_loop(spec: LoopSpec, *, axis_name: Optional[str] = None) -> tuple:
+  """The pure DP training loop of `spec` in two parts (not jitted; jit or vmap them).
 
   Returns:
-    loop(params, plan, traced_hparams, key, train) -> LoopOutput. It runs
-    `plan.num_steps` Poisson-sampled DP steps, stopping early only if the
-    parameters become non-finite. `plan` is a `DpSgdPlan` whose static fields
-    equal the spec's; its C and sigma may be traced.
+    (begin, advance):
+      begin(params, plan, traced_hparams, key) -> LoopState at step 0;
+      advance(state, plan, traced_hparams, key, train, stop) -> LoopState:
+        the Poisson-sampled DP steps from `state.step` up to `min(stop,
+        plan.num_steps)`, stopping early only if the parameters become
+        non-finite. `stop` may be traced: one compiled `advance` runs any
+        segment of the run.
+    `plan` is a `DpSgdPlan` whose static fields equal the spec's (its C and
+    sigma may be traced); `key` is the loop's key, the same in every call.
 
   Guarantees:
-    With `axis_name` the mechanism is the one of a single device. The devices
-    draw the same Poisson sample, each clips and sums the per-example
-    gradients of its own disjoint share of the sampled microbatches, and the
-    shares are added (`psum`, in `plan.batch_sum`) before the noise. The
-    privatizer then runs on the summed gradient, identical on every device,
-    with the same noise key on every device: it draws the same N(0, (sigma
-    C)^2) noise everywhere, i.e. one draw per step, not one per device, and
-    every device applies the same update. The parameters stay replicated,
-    and what is released is one DP-SGD run of `plan` (`plan.dp_event()`):
-    only the order of float additions in the clipped sum differs from one
-    device.
+    Step t reads only the state after step t - 1 and (key, t): running the
+    steps in segments, in one process or across a checkpoint and a resume,
+    runs the same steps as one call, with the same compiled step (the same
+    bits on the same machine). See `build_train_loop` for `axis_name`.
   """
   task = spec.task
   loss = task.per_example_loss(spec.model())
 
-  def loop(params, plan: DpSgdPlan, traced: Mapping[str, jax.Array], key, train) -> LoopOutput:
-    sample_key, noise_key = jax.random.split(key)
+  def optimizer(plan: DpSgdPlan, traced, key, frozen):
+    _, noise_key = jax.random.split(key)
+    # Only the trainable leaves are differentiated, clipped, noised and updated;
+    # the frozen ones enter the loss as constants (jaxdp.train.trainable).
+    clipped = plan.clipped_grad(trainable_lib.partial_loss(loss, frozen), method=task.clipping)
+    return clipped, optax.chain(plan.privatizer(clipped, noise_key),
+                                task.optimizer_for(spec.hparams(traced)))
+
+  def begin(params, plan: DpSgdPlan, traced: Mapping[str, jax.Array], key) -> LoopState:
+    trained, frozen = trainable_lib.partition(params, task.trainable_mask(params))
+    _, opt = optimizer(plan, traced, key, frozen)
+    return LoopState(step=jnp.int32(0), trained=trained, opt_state=_raw_keys(opt.init(trained)),
+                     finite=_all_finite(trained), frozen=frozen)
+
+  def advance(state: LoopState, plan: DpSgdPlan, traced: Mapping[str, jax.Array], key, train,
+              stop) -> LoopState:
+    sample_key, _ = jax.random.split(key)
     num_rows = jax.tree.leaves(train)[0].shape[0]  # static; never a normaliser
     # Zero rows (an empty Poisson subset) is a valid input: nobody is sampled,
     # every microbatch row is padding (valid False), and the gather needs a
     # row to read: one zero row, never sampled. Each step then sums no
     # gradient and adds the noise, the mechanism on the empty data set.
     rows = train if num_rows else _zero_row(train)
-    # Only the trainable leaves are differentiated, clipped, noised and updated;
-    # the frozen ones enter the loss as constants (jaxdp.train.trainable).
-    trained, frozen = trainable_lib.partition(params, task.trainable_mask(params))
-    clipped = plan.clipped_grad(trainable_lib.partial_loss(loss, frozen), method=task.clipping)
-    opt = optax.chain(plan.privatizer(clipped, noise_key), task.optimizer_for(spec.hparams(traced)))
-    opt_state = opt.init(trained)
+    clipped, opt = optimizer(plan, traced, key, state.frozen)
+    # Where the state's raw key data are PRNG keys, and of which implementation:
+    # a fresh init's (traced for its types: XLA drops what nothing reads).
+    like = opt.init(state.trained)
+    last = jnp.minimum(jnp.asarray(stop, jnp.int32), plan.num_steps)
 
     def body(carry):
       step, trained, opt_state, _ = carry
@@ -366,11 +413,50 @@ def build_train_loop(spec: LoopSpec, *, axis_name: Optional[str] = None) -> Call
 
     def cond(carry):
       step, _, _, finite = carry
-      return (step < plan.num_steps) & finite
+      return (step < last) & finite
 
-    step, trained, _, finite = jax.lax.while_loop(
-        cond, body, (jnp.int32(0), trained, opt_state, _all_finite(trained)))
-    return LoopOutput(params=trainable_lib.combine(trained, frozen), steps=step, finite=finite)
+    step, trained, opt_state, finite = jax.lax.while_loop(
+        cond, body, (state.step, state.trained, _typed_keys(state.opt_state, like), state.finite))
+    return state._replace(step=step, trained=trained, opt_state=_raw_keys(opt_state), finite=finite)
+
+  return begin, advance
+
+
+def build_train_loop(spec: LoopSpec, *, axis_name: Optional[str] = None) -> Callable[..., LoopOutput]:
+  """The pure inner DP training loop for `spec` (not jitted; jit or vmap it).
+
+  Args:
+    spec: the static structure of the run.
+    axis_name: None (default): the loop runs on one device. Otherwise the
+      name of a `jax.shard_map` mesh axis over which each step's batch is
+      shared out (data parallelism); every argument must then be the same on
+      every device of that axis (replicated).
+
+  Returns:
+    loop(params, plan, traced_hparams, key, train) -> LoopOutput. It runs
+    `plan.num_steps` Poisson-sampled DP steps, stopping early only if the
+    parameters become non-finite. `plan` is a `DpSgdPlan` whose static fields
+    equal the spec's; its C and sigma may be traced. It is `build_loop`'s
+    begin and one advance to the end.
+
+  Guarantees:
+    With `axis_name` the mechanism is the one of a single device. The devices
+    draw the same Poisson sample, each clips and sums the per-example
+    gradients of its own disjoint share of the sampled microbatches, and the
+    shares are added (`psum`, in `plan.batch_sum`) before the noise. The
+    privatizer then runs on the summed gradient, identical on every device,
+    with the same noise key on every device: it draws the same N(0, (sigma
+    C)^2) noise everywhere, i.e. one draw per step, not one per device, and
+    every device applies the same update. The parameters stay replicated,
+    and what is released is one DP-SGD run of `plan` (`plan.dp_event()`):
+    only the order of float additions in the clipped sum differs from one
+    device.
+  """
+  begin, advance = build_loop(spec, axis_name=axis_name)
+
+  def loop(params, plan: DpSgdPlan, traced: Mapping[str, jax.Array], key, train) -> LoopOutput:
+    state = advance(begin(params, plan, traced, key), plan, traced, key, train, plan.num_steps)
+    return output(state)
 
   return loop
 
@@ -427,26 +513,34 @@ def score_key(key: jax.Array) -> jax.Array:
   return jax.random.fold_in(key, 0x5C0E)
 
 
-def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, validation, initial=None,
-                  *, axis_name: Optional[str] = None):
-  """Init, train, then score: the one program lone and batched runs share.
+def start_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, initial=None) -> LoopState:
+  """A candidate's initialisation: its `LoopState` at step 0.
 
   `initial`: None, or a tree shaped like the parameters (`check_initial_params`)
   whose non-None leaves replace the initialisation (a checkpoint, a
   pretrained backbone); the key is split the same either way.
-  `axis_name`: see `build_train_loop` (data parallelism over that mesh axis;
-  scoring then runs on every device of it, on the same parameters with the
-  same key).
-
-  Returns:
-    (LoopOutput, score, test score, test loss); the scores are NaN where
-    their split is None.
   """
   init_key, loop_key = jax.random.split(key)
   params = init_params(spec, init_key, train)
   if initial is not None:
     params = trainable_lib.combine(initial, params)
-  out = build_train_loop(spec, axis_name=axis_name)(params, plan, traced, loop_key, train)
+  begin, _ = build_loop(spec)
+  return begin(params, plan, traced, loop_key)
+
+
+def advance_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, state: LoopState, stop,
+                      *, axis_name: Optional[str] = None) -> LoopState:
+  """A candidate's DP steps from `state.step` up to `stop` (`build_loop`'s advance)."""
+  _, loop_key = jax.random.split(key)
+  _, advance = build_loop(spec, axis_name=axis_name)
+  return advance(state, plan, traced, loop_key, train, stop)
+
+
+def finish_candidate(spec: LoopSpec, state: LoopState, key, test, validation):
+  """A trained candidate's scores: (LoopOutput, score, test score, test loss); the scores are
+  NaN where their split is None. With data parallelism every device scores the same
+  parameters with the same key."""
+  out = output(state)
   nan = jnp.float32(jnp.nan)
   test_score, test_loss = build_evaluate(spec)(out.params, test) if test is not None else (nan, nan)
   if spec.task.private_score:
@@ -456,13 +550,87 @@ def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, val
   return out, score, test_score, test_loss
 
 
+def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, validation, initial=None,
+                  *, axis_name: Optional[str] = None):
+  """Init, train, then score: the composition of the three programs every run executes
+  (`start_candidate`, `advance_candidate` to the end, `finish_candidate`), as one function.
+
+  `axis_name`: see `build_train_loop` (data parallelism over that mesh axis).
+
+  Returns:
+    (LoopOutput, score, test score, test loss); the scores are NaN where
+    their split is None.
+  """
+  state = start_candidate(spec, plan, traced, key, train, initial)
+  state = advance_candidate(spec, plan, traced, key, train, state, plan.num_steps, axis_name=axis_name)
+  return finish_candidate(spec, state, key, test, validation)
+
+
+def run_segment(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, validation, initial,
+                state: LoopState, fresh, stop, *, axis_name: Optional[str] = None):
+  """One segment of a candidate's run: the one program every run executes, lone or batched,
+  in one segment or in many (checkpoints).
+
+  Args:
+    spec, plan, traced, key, train, test, validation, initial: as in `run_candidate`.
+    state: where the segment starts (ignored when `fresh`): a `LoopState`
+      from an earlier segment or a checkpoint, or `empty_state` with `fresh`.
+    fresh: True to start from the candidate's initialisation (step 0).
+    stop: the step the segment runs to (traced: one compilation runs any segment).
+
+  Returns:
+    (the `LoopState` after the segment, (score, test score, test loss)). The
+    scores are computed only by the segment that reaches the planned T
+    (`stop >= spec.num_steps`), NaN before.
+  """
+  state = jax.lax.cond(fresh, lambda s: start_candidate(spec, plan, traced, key, train, initial),
+                       lambda s: s, state)
+  state = advance_candidate(spec, plan, traced, key, train, state, stop, axis_name=axis_name)
+  nan = jnp.float32(jnp.nan)
+  scores = jax.lax.cond(jnp.asarray(stop) >= spec.num_steps,
+                        lambda s: finish_candidate(spec, s, key, test, validation)[1:],
+                        lambda s: (nan, nan, nan), state)
+  return state, scores
+
+
+def output(state: LoopState) -> LoopOutput:
+  """The `LoopOutput` of a finished run's state (its parameters: trained and frozen together)."""
+  return LoopOutput(params=trainable_lib.combine(state.trained, state.frozen), steps=state.step,
+                    finite=state.finite)
+
+
+_STATE_SHAPES = LruCache(32)
+
+
+def empty_state(spec: LoopSpec, train: PyTree, rows: Optional[int] = None) -> LoopState:
+  """A `LoopState` of zeros shaped like a candidate's (a leading axis of `rows` if given): what
+  `run_segment` takes with `fresh` (traced once per spec, for its shapes)."""
+  def shapes():
+    scalar = jax.ShapeDtypeStruct((), jnp.float32)
+    plan = jax.tree.map(lambda _: scalar, DpSgdPlan(
+        l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=spec.sampling_prob,
+        num_steps=spec.num_steps, num_examples=spec.num_examples))
+    traced = {name: scalar for name in spec.traced_names}
+    return jax.eval_shape(functools.partial(start_candidate, spec), plan, traced,
+                          jax.ShapeDtypeStruct((), jax.random.key(0).dtype), abstract(train))
+  lead = () if rows is None else (rows,)
+  return jax.tree.map(lambda x: np.zeros(lead + tuple(x.shape), x.dtype),
+                      _STATE_SHAPES.get_or_build((spec, structure(train)), shapes))
+
+
+class Programs(NamedTuple):
+  """The jitted programs of one `LoopSpec`: what `train_candidate` runs."""
+  init_params: Callable
+  segment: Callable
+
+
 _PROGRAMS = LruCache(32)
 
 
-def compiled(spec: LoopSpec) -> tuple:
-  """(jitted `init_params`, jitted `run_candidate`) for `spec`: one pair per spec."""
-  return _PROGRAMS.get_or_build(spec, lambda: (jax.jit(functools.partial(init_params, spec)),
-                                               jax.jit(functools.partial(run_candidate, spec))))
+def compiled(spec: LoopSpec) -> Programs:
+  """The jitted `Programs` of `spec`: one set per spec."""
+  return _PROGRAMS.get_or_build(spec, lambda: Programs(
+      jax.jit(functools.partial(init_params, spec)), jax.jit(functools.partial(run_segment, spec))))
 
 
 _EXECUTABLES = LruCache(64)

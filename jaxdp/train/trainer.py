@@ -28,11 +28,13 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxdp import _validate
 from jaxdp.data import Dataset
 from jaxdp.train.config import EPSILON_METHOD, TrainConfig
-from jaxdp.train.program import LoopOutput, compile_cached, compiled, traced_hparams
+from jaxdp.train.program import (LoopOutput, compile_cached, compiled, empty_state, output,
+                                 traced_hparams)
 from jaxdp.train.run_plan import RunPlan, plan_runs
 from jaxdp.train.task import Task
 
@@ -62,6 +64,8 @@ class CandidateResult:
       it was compiled before; in a batched run, its group's compilation).
     score_source: 'public test split (not accounted)' or 'private validation
       split (DP score, accounted)'.
+    resumed_step: the step its training resumed from, a checkpoint's
+      (`ExecutionConfig.checkpoint_every`); 0 when it trained from step 0.
     params: final parameters (not in repr).
   """
   score: float
@@ -76,6 +80,7 @@ class CandidateResult:
   score_source: str = ""
   compile_time_s: float = 0.0
   epsilon_method: str = EPSILON_METHOD
+  resumed_step: int = 0
   params: PyTree = dataclasses.field(repr=False, default=None)
 
 
@@ -95,7 +100,8 @@ def device_splits(data: Dataset) -> tuple:
 
 
 def result_of(run: RunPlan, out: LoopOutput, score, test_score, test_loss, wall_time_s: float,
-              params: PyTree = None, compile_time_s: float = 0.0) -> CandidateResult:
+              params: PyTree = None, compile_time_s: float = 0.0,
+              resumed_step: int = 0) -> CandidateResult:
   """The `CandidateResult` of one finished run of `run` (a diverged run scores NaN)."""
   score, test_score, test_loss = float(score), float(test_score), float(test_loss)
   diverged = not (bool(out.finite) and math.isfinite(score))
@@ -105,7 +111,8 @@ def result_of(run: RunPlan, out: LoopOutput, score, test_score, test_loss, wall_
       score=score, test_score=test_score, test_loss=test_loss, steps=int(out.steps),
       planned_steps=run.spec.num_steps, epsilon=run.epsilon,
       delta=float(run.config.target_delta), diverged=diverged, wall_time_s=wall_time_s,
-      score_source=score_source(run.config.task), compile_time_s=compile_time_s, params=params)
+      score_source=score_source(run.config.task), compile_time_s=compile_time_s,
+      resumed_step=int(resumed_step), params=params)
 
 
 def train_candidate(config: TrainConfig, data: Dataset, key: jax.Array, *,
@@ -146,11 +153,13 @@ def run_planned(run: RunPlan, data: Dataset, key: jax.Array, *,
   """Trains the planned `run` on `data` (the data it was planned on, or rows of the same
   structure: `RunPlan.on_rows`) with `key`; nothing is checked again."""
   start = time.perf_counter() if start is None else start
-  _, run_fn = compiled(run.spec)
+  segment = compiled(run.spec).segment
   train, test, validation = device_splits(data)
-  args = (run.dp_plan, traced_hparams(run.spec, run.config), key, train, test, validation,
-          run.initial)
-  executable, compile_s = compile_cached(run_fn, args)
-  out, score, test_score, test_loss = executable(*args)
+  # The program every run executes (the engine's too), here in one segment from step 0.
+  args = (run.dp_plan, traced_hparams(run.spec, run.config), key, train, test, validation, run.initial,
+          empty_state(run.spec, data.train), np.bool_(True), np.int32(run.spec.num_steps))
+  executable, compile_s = compile_cached(segment, args)
+  state, (score, test_score, test_loss) = executable(*args)
+  out = output(state)
   return result_of(run, out, score, test_score, test_loss, time.perf_counter() - start,
                    params=out.params, compile_time_s=compile_s)

@@ -85,6 +85,9 @@ class TunedResult:
     resumed: how many of the trained candidates were read back from
       `run_dir` (stored by an earlier, interrupted run of the same search)
       instead of trained now; 0 without `run_dir`.
+    resumed_steps: candidate id -> the step from which its training resumed,
+      for the candidates trained now that continued an interrupted run's
+      checkpoint (`ExecutionConfig.checkpoint_every`) instead of step 0.
   """
 
   hyperparameters: Optional[Mapping[str, Any]]
@@ -101,6 +104,7 @@ class TunedResult:
   noise_multiplier: Optional[float] = None
   auto_static: Mapping[str, str] = dataclasses.field(default_factory=dict)
   resumed: int = 0
+  resumed_steps: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 def prepare(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
@@ -355,10 +359,8 @@ def _released(plan: SearchPlan, store: CandidateStore, cands: list, results: lis
               chosen: Optional[int], release_all_scores: bool) -> TunedResult:
   """What a search releases: candidate `chosen` (None: nothing) of the `cands` it trained."""
   some = chosen is not None
-  if store.pool is not None and store.engine_kwargs.get("progress"):
-    distinct = len({c.id for c in cands})
-    tqdm.write(f"{store.pool.run_dir}: resumed {store.resumed} of the {distinct} distinct candidate(s) "
-               f"(read back from an earlier run), trained {distinct - store.resumed} now", file=sys.stderr)
+  if store.engine_kwargs.get("progress"):
+    report_resumes(store, len({c.id for c in cands}))
   return TunedResult(
       hyperparameters=dict(cands[chosen].point) if some else None,
       config=cands[chosen].config if some else None,
@@ -368,7 +370,21 @@ def _released(plan: SearchPlan, store: CandidateStore, cands: list, results: lis
       all_scores=_release_scores(cands, results, release_all_scores),
       score_source=(score_source(cands[chosen].config.task) if some
                     else planning.plan_score_source(plan)), noise_multiplier=plan.noise_multiplier,
-      auto_static=planning.auto_static(plan), resumed=store.resumed)
+      auto_static=planning.auto_static(plan), resumed=store.resumed,
+      resumed_steps=dict(store.resumed_steps))
+
+
+def report_resumes(store: CandidateStore, distinct: int) -> None:
+  """The progress line of a durable search: what it read back and what it resumed mid-way."""
+  if store.pool is None:
+    return
+  mid = ""
+  if store.resumed_steps:
+    steps = ", ".join(f"{cid} at step {step}" for cid, step in sorted(store.resumed_steps.items()))
+    mid = f", of which {len(store.resumed_steps)} resumed from a checkpoint ({steps})"
+  tqdm.write(f"{store.pool.run_dir}: resumed {store.resumed} of the {distinct} distinct candidate(s) "
+             f"(read back from an earlier run), trained {distinct - store.resumed} now{mid}",
+             file=sys.stderr)
 
 
 def dry_run(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],

@@ -94,6 +94,8 @@ class SubsampledResult:
     num_candidates: K, candidates trained on X1.
     resumed: how many of the K candidates and the final run were read back
       from `run_dir` instead of trained now (0 without `run_dir`).
+    resumed_steps: candidate id -> the step from which its training resumed,
+      for the candidates trained now that continued a checkpoint.
     subset_size: m = round(q N), the declared size of X1 (public; X1's actual
       size is `subset_mask.sum()`, private, and may be 0: the candidates then
       train on noise only, as does the final run on an empty final set).
@@ -121,6 +123,7 @@ class SubsampledResult:
   score: float
   num_candidates: int
   resumed: int
+  resumed_steps: Mapping[str, int]
   subset_size: int
   final_train_size: int
   variant: int
@@ -280,10 +283,13 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
     final_run = chosen.derive(final_config, final_data, initial=chosen.initial if warm is None else warm)
     _check_final_event(args, final_run)
     final = store.train_lone("final", final_run, lambda: run_planned(final_run, final_data, final_key))
-  return _result(args, cands, results, best, final_config, factor, final, mask, store.resumed)
+    if args.engine_kwargs.get("progress"):
+      search_lib.report_resumes(store, len({c.id for c in cands}) + 1)
+  return _result(args, cands, results, best, final_config, factor, final, mask, store)
 
 
-def _result(args, cands, results, best, final_config, factor, final, mask, resumed) -> SubsampledResult:
+def _result(args, cands, results, best, final_config, factor, final, mask,
+            store: CandidateStore) -> SubsampledResult:
   released = best is not None
   chosen_point = dict(cands[best].point) if released else dict(args.plan.space.points[0])
   spent = sum(_cost(c.config, args.m) for c in cands) + _cost(final_config, args.n)
@@ -293,7 +299,8 @@ def _result(args, cands, results, best, final_config, factor, final, mask, resum
       tuned_hyperparameters=chosen_point if released else None,
       hyperparameters={name: final_config.value(name) for name in chosen_point},
       learning_rate_factor=factor, tuned_score=float(results[best].score) if released else float("nan"),
-      score=float(final.test_score), num_candidates=len(cands), resumed=resumed, subset_size=args.m,
+      score=float(final.test_score), num_candidates=len(cands), resumed=store.resumed,
+      resumed_steps=dict(store.resumed_steps), subset_size=args.m,
       final_train_size=args.n, variant=args.variant, q=args.q, epsilon=args.epsilon,
       delta=args.delta, event=args.event, gradient_evaluations=spent,
       baseline_gradient_evaluations=args.repetitions.mean * mean_cost, subset_mask=mask)

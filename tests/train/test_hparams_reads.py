@@ -202,7 +202,9 @@ def test_the_optimizer_factory_gets_the_runs_number_of_steps():
   params = program.param_shapes(spec, DATA.train)
   jax.eval_shape(loop, params, config.plan(N_TRAIN), program.traced_hparams(spec, config),
                  jax.random.key(0), DATA.train)
-  assert seen == [(expected, True)]  # the one call inside the loop, the rate traced
+  # Two calls inside the loop, each with T and the rate traced: the optimizer built for its init
+  # (`begin`) and for its steps (`advance`, which a checkpointed run calls once per segment).
+  assert seen == [(expected, True)] * 2
   # A config that knows T gets it at construction too.
   seen.clear()
   _config(task, steps=7)
