@@ -1,6 +1,6 @@
 """Many DP-SGD candidates at once: search spaces, the plan of a search, batched training,
-the durable store of trained candidates, and a simulator of private random searches over
-its pool."""
+the durable store of trained candidates and their checkpoints, and a simulator of private
+random searches over its pool."""
 
 from jaxdp.sweep.engine import auto_candidates_per_device, host_device_flag, train_candidates
 from jaxdp.sweep.plan import SearchPlan

@@ -18,7 +18,7 @@ resumed only when it is exactly what was saved, by the run it was saved for:
   - Every checkpoint carries the sha256 of its arrays (dtypes, shapes, bytes)
     and of its own metadata. A checkpoint that cannot be read, or whose
     arrays or metadata fail their checksum (truncated, corrupted, a write
-    cut short), is moved to `checkpoints.quarantine/` with a warning, and
+    cut short), is moved to `checkpoints/.quarantine/` with a warning, and
     the candidate resumes from the previous valid one, or from step 0:
     never from a different draw.
   - Its metadata holds the candidate's identity (`SearchPlan.identity`: its
@@ -29,9 +29,15 @@ resumed only when it is exactly what was saved, by the run it was saved for:
     (The store refuses a `run_dir` of another search before this is reached.)
 
 A checkpoint is an unreleased candidate's intermediate state: as secret as
-the data. Checkpoints are removed once the candidate's record is durably in
-the pool (`CandidateStore`): they are never needed again, they cost disk, and
-what is not kept cannot leak.
+the data. A candidate's checkpoints, quarantined ones included, are removed
+once its record is durably in the pool (`CandidateStore`): they are never
+needed again, they cost disk, and what is not kept cannot leak. What a
+search reports of them (`resumed_steps`, the progress line) is the label of
+the checkpoint a candidate resumed from: the step its segment was asked to
+stop at (a multiple of `checkpoint_every`, or with the automatic cadence a
+function of the measured step time, which like the job's duration is not
+covered by the reported epsilon), never a step counter that depends on the
+data (a diverged candidate's).
 
 On a multi-node Ray cluster the checkpoints are written by the workers: the
 `run_dir` must be storage that every node reaches (a shared file system);
@@ -54,9 +60,9 @@ import numpy as np
 
 from jaxdp.sweep.pool import SearchMismatchError
 
-#: The directory of checkpoints in a `run_dir`, and where damaged ones are moved.
+#: The directory of checkpoints in a `run_dir`, and its subdirectory where damaged ones go.
 DIRNAME = "checkpoints"
-QUARANTINE = "checkpoints.quarantine"
+QUARANTINE = ".quarantine"
 #: `ExecutionConfig(checkpoint_every=None)`: a checkpoint about this often (seconds of training).
 AUTO_SECONDS = 600.0
 #: Steps of the first segment of a chunk under the automatic cadence, timed to size the rest.
@@ -94,7 +100,13 @@ class Checkpoints:
   """The checkpoints of the candidates in one directory (`<run_dir>/checkpoints`).
 
   Args:
-    directory: where they live (created if missing).
+    directory: where they live (created if missing); damaged ones are moved
+      to its `QUARANTINE` subdirectory.
+
+  A checkpoint is labelled by the step its segment stopped at (a multiple of
+  `checkpoint_every`, or a wall-time cadence's stop), never by the state's
+  own step counter: that one stops where a candidate diverged, which depends
+  on the data, while the label only says how far the loop was asked to run.
 
   Use it as a context manager, or `close()` it: pending asynchronous saves are
   finished there.
@@ -103,7 +115,7 @@ class Checkpoints:
   def __init__(self, directory: str):
     self.directory = os.fspath(directory)
     os.makedirs(self.directory, exist_ok=True)
-    self.quarantine = os.path.join(os.path.dirname(os.path.abspath(self.directory)), QUARANTINE)
+    self.quarantine = os.path.join(self.directory, QUARANTINE)
     self._managers: dict = {}
 
   def __enter__(self) -> "Checkpoints":
@@ -112,13 +124,16 @@ class Checkpoints:
   def __exit__(self, *exc) -> None:
     self.close()
 
+  def _path(self, candidate_id: str) -> str:
+    return os.path.join(self.directory, candidate_id)
+
   def _manager(self, candidate_id: str):
     if candidate_id not in self._managers:
       ocp = _orbax()
       options = ocp.CheckpointManagerOptions(max_to_keep=_KEEP, enable_async_checkpointing=True,
                                              create=True, cleanup_tmp_directories=True)
-      self._managers[candidate_id] = ocp.CheckpointManager(
-          os.path.join(self.directory, candidate_id), options=options)
+      self._managers[candidate_id] = ocp.CheckpointManager(self._path(candidate_id),
+                                                           options=options)
     return self._managers[candidate_id]
 
   def release(self, candidate_ids) -> None:
@@ -132,13 +147,16 @@ class Checkpoints:
       manager.close()
 
   def steps(self, candidate_id: str) -> list:
-    """The steps of the candidate's complete checkpoints, newest first."""
-    if not os.path.isdir(os.path.join(self.directory, candidate_id)):
+    """The labels of the candidate's complete checkpoints, newest first."""
+    path = self._path(candidate_id)
+    if os.path.lexists(path) and not os.path.isdir(path):
+      self._quarantine(candidate_id, None, "it is not a directory")
+    if not os.path.isdir(path):
       return []
     return sorted(self._manager(candidate_id).all_steps(), reverse=True)
 
   def save(self, candidate_id: str, identity: str, step: int, state: Any) -> None:
-    """Saves a candidate's loop state after `step` steps (a tree of host arrays), asynchronously.
+    """Saves a candidate's loop state (a tree of host arrays) under label `step`, asynchronously.
 
     Returns once the arrays are handed to the writer; the write completes in
     the background (atomically: an interrupted one is never read).
@@ -152,44 +170,59 @@ class Checkpoints:
         state=ocp.args.StandardSave(_named(leaves)), meta=ocp.args.JsonSave(meta)), force=True)
 
   def restore(self, candidate_id: str, identity: str, template: Any) -> Optional[tuple]:
-    """(step, state) of the candidate's newest valid checkpoint, or None (train from step 0).
+    """(label, state) of the candidate's newest valid checkpoint, or None (train from step 0).
 
     `template`: the candidate's fresh state (a tree of host arrays shaped like
-    what `save` got). A checkpoint that fails to load or its checksums is
-    quarantined with a warning and the previous one is tried.
+    what `save` got). The metadata is read and checked first; a checkpoint
+    that fails to load or a checksum is quarantined with a warning and the
+    previous one is tried.
 
     Raises:
-      SearchMismatchError: a checkpoint intact but saved for another
-        identity (another mechanism, key, data or public start).
+      SearchMismatchError: a checkpoint whose intact metadata names another
+        candidate or identity (another mechanism, key, data or public start).
     """
     ocp = _orbax()
     like, treedef = jax.tree.flatten(template)
     for step in self.steps(candidate_id):
+      manager = self._manager(candidate_id)
       try:
-        got = self._manager(candidate_id).restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(_named(like)), meta=ocp.args.JsonRestore()))
-        meta = dict(got["meta"])
-        leaves = [np.asarray(got["state"][name]) for name in sorted(got["state"])]
-        if meta.get("meta_sha256") != _meta_digest(meta):
-          raise ValueError("its metadata fails its checksum")
+        meta = dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+        valid = meta.get("meta_sha256") == _meta_digest(meta)
       except Exception as err:  # pylint: disable=broad-except
-        self._quarantine(candidate_id, step, f"it cannot be read ({type(err).__name__}: {err})"[:400])
+        self._quarantine(candidate_id, step, f"its metadata cannot be read ({type(err).__name__}: "
+                                             f"{err})"[:400])
+        continue
+      if not valid:
+        self._quarantine(candidate_id, step, "its metadata fails its checksum")
         continue
       if meta.get("identity") != identity or meta.get("candidate") != candidate_id:
         raise SearchMismatchError(
-            f"{self.directory}/{candidate_id}/{step} is a checkpoint of another run (another "
-            "mechanism, key, data or public start than candidate "
-            f"{candidate_id} of this search): continuing it would release a run that the reported "
-            "epsilon does not account for. Rerun the identical search, or use a new run_dir")
-      if meta.get("step") != step or state_digest(leaves) != meta.get("state_sha256"):
+            f"{self._path(candidate_id)}/{step} is a checkpoint of another run (another candidate, "
+            f"mechanism, key, data or public start than candidate {candidate_id} of this search): "
+            "continuing it would release a run that the reported epsilon does not account for. "
+            "Remove it to train this candidate from step 0, or rerun the identical search")
+      if meta.get("step") != step:
+        self._quarantine(candidate_id, step, f"its directory says step {step}, its metadata "
+                                             f"{meta.get('step')!r}")
+        continue
+      try:
+        got = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(_named(like))))
+        leaves = [np.asarray(got["state"][name]) for name in sorted(got["state"])]
+      except Exception as err:  # pylint: disable=broad-except
+        self._quarantine(candidate_id, step, f"its arrays cannot be read ({type(err).__name__}: "
+                                             f"{err})"[:400])
+        continue
+      if state_digest(leaves) != meta.get("state_sha256"):
         self._quarantine(candidate_id, step, "its arrays fail their checksum")
         continue
       return step, treedef.unflatten(leaves)
     return None
 
-  def _quarantine(self, candidate_id: str, step: int, why: str) -> None:
+  def _quarantine(self, candidate_id: str, step: Optional[int], why: str) -> None:
     self._forget(candidate_id)  # its list of steps is stale now
-    source = os.path.join(self.directory, candidate_id, str(step))
+    source = self._path(candidate_id) if step is None else os.path.join(self._path(candidate_id),
+                                                                         str(step))
     target = os.path.join(self.quarantine, candidate_id, f"{step}-{time.time_ns()}")
     os.makedirs(os.path.dirname(target), exist_ok=True)
     os.replace(source, target)
@@ -197,15 +230,29 @@ class Checkpoints:
                   "resumes from its previous valid checkpoint (or from step 0)", stacklevel=3)
 
   def remove(self, candidate_ids) -> None:
-    """Deletes the checkpoints of candidates whose results are stored (waiting for their saves)."""
+    """Deletes the checkpoints, quarantined ones included, of candidates whose results are
+    stored (waiting for their pending saves): secret states that are never needed again."""
+    def failed(function, path, exc_info):
+      if os.path.lexists(path):
+        warnings.warn(f"could not delete {path} ({exc_info[1]}): it holds an unreleased "
+                      "candidate's state, as secret as the data; delete it by hand", stacklevel=4)
     for cid in candidate_ids:
       self._forget(cid)
-      shutil.rmtree(os.path.join(self.directory, cid), ignore_errors=True)
+      for path in (self._path(cid), os.path.join(self.quarantine, cid)):
+        if os.path.isdir(path) and not os.path.islink(path):
+          shutil.rmtree(path, onerror=failed)
+        elif os.path.lexists(path):
+          try:
+            os.remove(path)
+          except OSError as err:
+            failed(os.remove, path, (type(err), err, None))
 
   def held(self) -> list:
-    """Ids of the candidates with a checkpoint directory."""
-    return sorted(name for name in os.listdir(self.directory)
-                  if os.path.isdir(os.path.join(self.directory, name)))
+    """Ids of the candidates with checkpoints (quarantined ones included)."""
+    ids = {name for name in os.listdir(self.directory) if not name.startswith(".")}
+    if os.path.isdir(self.quarantine):
+      ids.update(os.listdir(self.quarantine))
+    return sorted(ids)
 
   def wait(self) -> None:
     """Blocks until every asynchronous save has completed."""

@@ -29,6 +29,13 @@ parallelism comes from the devices: start Python with
 `XLA_FLAGS=--xla_force_host_platform_device_count=<cores>` (the experiments do
 this) to expose each core as a device. On accelerators the default packs as
 many candidates per device as fit a quarter of its memory.
+
+Checkpoints: every chunk runs `jaxdp.train.program.run_segment`, one compiled
+program whose stop is traced. Without `checkpoint_dir` a chunk is one segment
+to the last step; with it, a chunk resumes its candidates from their newest
+checkpoints and stops at the cadence its configurations ask for
+(`ExecutionConfig.checkpoint_every`) to save them (`jaxdp.sweep.checkpoints`):
+the same steps through the same program, so the same bits.
 """
 
 from __future__ import annotations
@@ -58,11 +65,12 @@ from jaxdp.train.run_plan import RunPlan
 from jaxdp.train.trainer import CandidateResult, device_splits, result_of
 
 # Memory model of one candidate on an accelerator (`auto_candidates_per_device`):
-# float32 parameters, and about 8 parameter-sized float32 buffers around them
+# float32 parameters, and about 11 parameter-sized float32 buffers around them
 # (parameters, gradient sum, noise, update, two Adam moments, the loop carry's
-# copies), on top of one microbatch of per-example working set.
+# copies, and the segment's input state: parameters and two moments), on top of
+# one microbatch of per-example working set.
 _FLOAT_BYTES = 4
-_PARAMETER_COPIES = 8
+_PARAMETER_COPIES = 11
 _MEMORY_SHARE = 4          # candidates may take a quarter of the device memory
 _UNKNOWN_MEMORY = 8 << 30  # a device that reports no memory limit
 _MAX_PER_DEVICE = 256      # vmapping more buys nothing measurable
@@ -328,16 +336,16 @@ class _Saver:
       return None, None, {}
     return empty._replace(**host), fresh, resumed
 
-  def save(self, padded: list, state: program.LoopState) -> None:
-    """Saves the chunk's candidates whose step moved since their last checkpoint."""
+  def save(self, padded: list, state: program.LoopState, stop: int) -> None:
+    """Saves the chunk's candidates that ran to `stop` in this segment, labelled `stop` (the
+    segment's public stop, not the state's step, which a diverged candidate's data decides)."""
     host = jax.device_get(_saved(state))
     for j, i in enumerate(padded):
       cid = self.candidates[i].id
-      step = int(host["step"][j])
-      if step > self.last.get(cid, 0):
-        self.store.save(cid, self.identity(i), step,
+      if stop > self.last.get(cid, 0):
+        self.store.save(cid, self.identity(i), stop,
                         jax.tree.map(lambda x, j=j: np.asarray(x[j]), host))
-        self.last[cid] = step
+        self.last[cid] = stop
 
 
 def _dispatch_group(group: _Group, candidates, plan: SearchPlan, splits: tuple, devices: tuple,
@@ -356,15 +364,18 @@ def _dispatch_group(group: _Group, candidates, plan: SearchPlan, splits: tuple, 
   empty_on_device = jax.device_put((empty, np.ones(chunk, bool), np.zeros(chunk, bool)), sharding)
   executable, compile_s = None, 0.0
 
-  def run(inputs, state, fresh, stop):
+  def compiled(args):
     nonlocal executable, compile_s
-    args = (*inputs[:3], train, test, validation, initial, state, fresh, np.int32(stop))
     if executable is None:
       bar.set_postfix_str("compiling")
       executable, compile_s = _compiled_chunk(group.spec, devices, per_device, group.data_parallel,
                                               args)
       bar.set_postfix_str(f"compiled in {compile_s:.1f} s")
-    return executable(*args)
+    return executable
+
+  def run(inputs, state, fresh, stop):
+    args = (*inputs[:3], train, test, validation, initial, state, fresh, np.int32(stop))
+    return compiled(args)(*args)
 
   total = group.spec.num_steps
   cadence = _cadence(group, candidates)
@@ -387,7 +398,8 @@ def _dispatch_group(group: _Group, candidates, plan: SearchPlan, splits: tuple, 
       while at < total:
         stop = cadence.next_stop(at, total)
         probing = cadence.probing
-        if probing:
+        if probing:  # the step's time, not its compilation's nor the queue's
+          compiled((*inputs[:3], train, test, validation, initial, state, fresh, np.int32(stop)))
           jax.block_until_ready(state)
           began = time.perf_counter()
         state, scores = run(inputs, state, fresh, stop)
@@ -396,7 +408,7 @@ def _dispatch_group(group: _Group, candidates, plan: SearchPlan, splits: tuple, 
           jax.block_until_ready(state)
           cadence.seconds_per_step = (time.perf_counter() - began) / (stop - at)
         elif stop < total:
-          saver.save(padded, state)
+          saver.save(padded, state, stop)
         at = stop
     yield _Job(part, (program.output(state), *scores), dispatched, compile_s, resumed)
 

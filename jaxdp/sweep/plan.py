@@ -217,16 +217,19 @@ class SearchPlan:
     return self._digests[spec]
 
   @functools.cached_property
-  def _start_fingerprint(self) -> dict:
-    return self.fingerprint()
+  def _inputs_digest(self) -> dict:
+    # The rows the candidates train on (a Poisson subset's, not only its origin's) and the start.
+    return {"data": data_fingerprint(self.data) if self.data is not None else None,
+            "initial": params_digest(self.initial_params) if self.initial_params is not None else None}
 
   def identity(self, candidate: Candidate) -> str:
     """sha256 of everything one candidate's run computes from: its id and PRNG key, its grid
-    point's mechanism (configuration, DpEvent, program digest: `mechanism`), the data and the
-    public start (`fingerprint`). A checkpoint is resumed only by a run of the same identity
+    point's mechanism (configuration, DpEvent, program digest: `mechanism`), the rows it trains
+    on and the public start. A checkpoint is resumed only by a run of the same identity
     (`jaxdp.sweep.checkpoints`)."""
     what = {"id": candidate.id, "key": np.asarray(jax.random.key_data(candidate.key())).tolist(),
-            "mechanism": self.mechanism([candidate.point]), "start": self._start_fingerprint}
+            "key_impl": str(jax.random.key_impl(candidate.key())),
+            "mechanism": self.mechanism([candidate.point]), "inputs": self._inputs_digest}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
   def fingerprint(self, **fields: Any) -> dict:

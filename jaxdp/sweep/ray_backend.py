@@ -76,6 +76,17 @@ def _alive_nodes(ray) -> dict:
   return {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes() if n.get("Alive")}
 
 
+def _report_lost(ray, nodes: dict, max_retries: int, checkpointed: bool) -> dict:
+  """Says which of `nodes` Ray's GCS now reports dead; returns the nodes alive now."""
+  alive = _alive_nodes(ray)
+  for node in sorted(set(nodes) - set(alive)):
+    how = ("from their candidates' checkpoints" if checkpointed
+           else "from the start of their candidates (no run_dir: no checkpoints)")
+    _say(f"Ray node {node[:12]} ({nodes[node]}) was lost; Ray retries the tasks it ran "
+         f"(max_retries={max_retries}) {how}")
+  return alive
+
+
 def _say(line: str) -> None:
   tqdm.write(f"jaxdp: {line}", file=sys.stderr)
 
@@ -114,9 +125,13 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
       (a token the driver writes there) before it trains, and fails with a
       ValueError naming its node otherwise.
 
-  Output: one `jaxdp:` line on stderr per Ray node lost during the call, and
-  one per chunk whose candidates resumed from checkpoints (Ray's own worker
-  logs stay on the workers: `log_to_driver=False`).
+  Output: one `jaxdp:` line on stderr per chunk whose candidates resumed from
+  checkpoints, and one per Ray node lost during the call once Ray's GCS
+  declares it dead (after `health_check_period_ms` x
+  `health_check_failure_threshold`, about 15 s by default; Ray retries the
+  lost tasks sooner, so a call that ends within that time shows the loss only
+  as the resumed chunk's line). Ray's own worker logs stay on the workers
+  (`log_to_driver=False`).
 
   Returns:
     Results in input order.
@@ -161,13 +176,7 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
   with tqdm(total=len(candidates), disable=not progress, desc="candidates (ray)", unit="cand") as bar:
     while pending:
       ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
-      alive = _alive_nodes(ray)
-      for node in sorted(set(nodes) - set(alive)):
-        how = ("from their candidates' checkpoints" if token is not None
-               else "from the start of their candidates (no run_dir: no checkpoints)")
-        _say(f"Ray node {node[:12]} ({nodes[node]}) was lost; Ray retries the tasks it ran "
-             f"(max_retries={max_retries}) {how}")
-      nodes = alive
+      nodes = _report_lost(ray, nodes, max_retries, token is not None)
       if not ready:
         continue
       idx = pending.pop(ready[0])
@@ -175,10 +184,12 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
       resumed = [f"{candidates[i].id} at step {res.resumed_step}" for i, res in zip(idx, chunk)
                  if res.resumed_step]
       if resumed:
-        _say(f"candidate(s) {', '.join(resumed)} resumed from their checkpoints")
+        _say(f"candidate(s) {', '.join(resumed)} resumed from their checkpoints (a task Ray "
+             "retried after its worker or node was lost, or a rerun)")
       for i, res in zip(idx, chunk):
         results[i] = res
       if on_chunk is not None:
         on_chunk([(candidates[i], res) for i, res in zip(idx, chunk)])
       bar.update(len(idx))
+  _report_lost(ray, nodes, max_retries, token is not None)
   return results

@@ -45,7 +45,9 @@ from jaxdp.train.run_plan import RunPlan
 from jaxdp.train.trainer import CandidateResult
 
 #: The training backend: `jaxdp.sweep.train_candidates(candidates, plan, ...)` or anything with
-#: its signature, e.g. `jaxdp.sweep.ray_backend.train_candidates_ray`.
+#: its signature, e.g. `jaxdp.sweep.ray_backend.train_candidates_ray`. A store calls it with
+#: `keep_params`, `search_size`, `on_chunk` (with a `run_dir`), `checkpoint_dir` (with a
+#: `run_dir`: where the candidates' checkpoints live) and the engine options it was given.
 Trainer = Callable[..., list]
 
 

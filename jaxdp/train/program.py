@@ -6,12 +6,13 @@ program. `build_loop` is the DP training loop as two pure, jittable
 functions with every shape static: `begin` (the `LoopState` at step 0) and
 `advance` (the steps from the state's step up to a traced stop), so one
 compiled step runs a candidate in one segment or in many (checkpoints,
-`jaxdp.sweep.checkpoints`) with the same result. A candidate is three
-programs, `start_candidate` (init), `advance_candidate` and
-`finish_candidate` (scores), which lone and batched runs share; the sweep
-engine `jax.vmap`s them over a candidate axis of plans, hyperparameters,
-keys and states. Compiled programs and executables are kept in bounded
-`jaxdp._cache.LruCache`s.
+`jaxdp.sweep.checkpoints`) with the same result. Every run executes
+`run_segment`, one program that lone and batched runs share: the
+initialisation when fresh (`start_candidate`), the steps up to a traced stop
+(`advance_candidate`), and the scores once the stop is the last step
+(`finish_candidate`); the sweep engine `jax.vmap`s it over a candidate axis of
+plans, hyperparameters, keys and states. Compiled programs and executables
+are kept in bounded `jaxdp._cache.LruCache`s.
 """
 
 from __future__ import annotations
@@ -552,8 +553,9 @@ def finish_candidate(spec: LoopSpec, state: LoopState, key, test, validation):
 
 def run_candidate(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, validation, initial=None,
                   *, axis_name: Optional[str] = None):
-  """Init, train, then score: the composition of the three programs every run executes
-  (`start_candidate`, `advance_candidate` to the end, `finish_candidate`), as one function.
+  """Init, train, then score: what `run_segment` computes when it runs a candidate in one
+  segment from step 0, as one function of the candidate's inputs (what
+  `jaxdp.train.digest.program_digest` traces).
 
   `axis_name`: see `build_train_loop` (data parallelism over that mesh axis).
 
@@ -575,6 +577,8 @@ def run_segment(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, valid
     spec, plan, traced, key, train, test, validation, initial: as in `run_candidate`.
     state: where the segment starts (ignored when `fresh`): a `LoopState`
       from an earlier segment or a checkpoint, or `empty_state` with `fresh`.
+      Its `frozen` is ignored too: the frozen parameters are always the
+      initialisation's.
     fresh: True to start from the candidate's initialisation (step 0).
     stop: the step the segment runs to (traced: one compilation runs any segment).
 
@@ -583,8 +587,10 @@ def run_segment(spec: LoopSpec, plan: DpSgdPlan, traced, key, train, test, valid
     scores are computed only by the segment that reaches the planned T
     (`stop >= spec.num_steps`), NaN before.
   """
-  state = jax.lax.cond(fresh, lambda s: start_candidate(spec, plan, traced, key, train, initial),
-                       lambda s: s, state)
+  # The frozen parameters are a function of the key and the public start: never stored, always
+  # taken from the initialisation (a restored state's are the empty state's zeros).
+  begun = start_candidate(spec, plan, traced, key, train, initial)
+  state = jax.lax.cond(fresh, lambda s: begun, lambda s: s._replace(frozen=begun.frozen), state)
   state = advance_candidate(spec, plan, traced, key, train, state, stop, axis_name=axis_name)
   nan = jnp.float32(jnp.nan)
   scores = jax.lax.cond(jnp.asarray(stop) >= spec.num_steps,

@@ -184,3 +184,37 @@ def test_config_walk_benchmark():
                                     "LoopSpec.from_config": 4}
   assert out["walk"][0] == "jaxdp/tuning/search.py" and out["stays"] == len(out["walk"])
   assert 0 <= out["down"]["returns"] < out["down"]["stays"] <= out["stays"]
+
+
+def test_checkpoints_benchmark():
+  out = _run("benchmarks.checkpoints", "--quick")
+  assert out["quick"] is True and out["steps"] == 20 and out["input_shape"] == [8, 8, 1]
+  assert out["model"] == "papernot_steinke_cnn" and out["devices_used"] == 1
+  _positive_numbers(out, ["compile_seconds", "warm_up_seconds", "identity_seconds"])
+  fixed = out["fixed_cadence"]
+  assert fixed["checkpoint_every"] == 5 and fixed["saves"] == 3  # after steps 5, 10 and 15
+  _positive_numbers(fixed, ["seconds_no_checkpoints", "seconds_with_checkpoints",
+                            "seconds_per_step_no_checkpoints", "seconds_per_step_with_checkpoints",
+                            "host_seconds_per_save"])
+  for key in ("per_save_seconds", "overhead_fraction", "cpu_overhead_fraction"):  # a difference
+    assert math.isfinite(fixed[key]), key
+  _positive_numbers(fixed["save_breakdown"], ["device_get", "handoff", "orbax_save_call"])
+  assert math.isfinite(fixed["overhead_fraction_from_burst"])
+  burst = out["burst"]  # 6 steps saving after each against saving once, both killed at step 6
+  assert burst["steps"] == 6 and burst["extra_saves"] == 5 and math.isfinite(burst["per_save_seconds"])
+  _positive_numbers(burst, ["host_seconds_per_save"])
+  default = out["default_cadence"]
+  assert default["auto_seconds"] == 600.0 and default["probe_steps"] == 8 and default["saves"] == 0
+  assert math.isfinite(default["short_candidate_fraction"])
+  assert math.isfinite(default["steady_state_fraction"])
+  assert math.isfinite(default["steady_state_fraction_burst"])
+  _positive_numbers(default, ["seconds", "steady_state_fraction_host"])
+  assert default["auto_seconds_patched"]["saves"] >= 1
+  resume = out["resume"]
+  assert resume["killed_at_step"] == resume["resumed_step"] == resume["checkpoint_every"] == 13
+  assert resume["uninterrupted_saves"] == 1
+  _positive_numbers(resume, ["uninterrupted_seconds", "killed_run_seconds", "resumed_seconds",
+                             "resumed_fraction", "restore_seconds"])
+  # The resumed run computes the uninterrupted run's bits, with or without checkpoints.
+  assert resume["same_bits"] is True and resume["same_bits_as_no_checkpoints"] is True
+  assert {"backend", "device_kind", "cpu_count", "jax_version", "date"} <= set(out)

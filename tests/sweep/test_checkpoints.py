@@ -13,6 +13,7 @@ import dataclasses
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,14 +22,15 @@ import warnings
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
-from jaxdp.sweep import SearchMismatchError, SearchSpace, checkpoints, engine
+from jaxdp.sweep import SearchMismatchError, SearchPlan, SearchSpace, checkpoints, engine
 from jaxdp.sweep.space import config_record
 from jaxdp.train import ExecutionConfig
-from jaxdp.tuning import random_search
+from jaxdp.tuning import random_search, subsampled_search
 from jaxdp.tuning.search import draw_search
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -144,6 +146,33 @@ def test_a_run_killed_after_checkpoints_resumes_mid_candidate_to_the_same_releas
   assert {r["id"]: r["resumed_step"] for r in records if r["resumed_step"]} == resumed.resumed_steps
 
 
+@pytest.mark.filterwarnings("ignore:release_all_scores")
+def test_a_partly_frozen_model_resumes_with_its_public_start(base_config, digits, two_devices,
+                                                             tmp_path, crash_after_saves):
+  # Only the bias trains; the kernel is a public start. A checkpoint holds no frozen leaf: a
+  # resume must take it from the start again, never from the empty state it restores into.
+  task = dataclasses.replace(base_config.task, trainable=lambda path: path.endswith("bias"),
+                             name="bias-only")
+  config = dataclasses.replace(long_config(base_config), task=task)
+  shapes = SearchPlan.build(SearchSpace(config, GRID), digits).runs[0].params
+  rng = np.random.default_rng(0)
+  start = jax.tree.map(lambda s: (0.1 * rng.normal(size=s.shape)).astype(s.dtype), shapes)
+  # Every candidate's score compared (the warning says they are not covered: a test's business).
+  kw = dict(initial_params=start, release_all_scores=True)
+  reference = search(config, digits, two_devices, **kw)
+  run_dir = str(tmp_path / "run")
+  crash_after_saves(3)
+  with pytest.raises(Crash):
+    search(config, digits, two_devices, run_dir=run_dir, **kw)
+  resumed = search(config, digits, two_devices, run_dir=run_dir, **kw)
+  assert resumed.resumed_steps
+  assert_same_release(resumed, reference)
+  assert resumed.all_scores == reference.all_scores
+  np.testing.assert_array_equal(resumed.params["params"]["Dense_0"]["kernel"],
+                                start["params"]["Dense_0"]["kernel"])
+
+
+@pytest.mark.slow  # suite budget: the one-kill test above runs by default
 def test_two_kills_then_a_changed_cadence_still_release_the_uninterrupted_run(
     uninterrupted, base_config, digits, two_devices, tmp_path, crash_after_saves, capsys):
   run_dir = str(tmp_path / "run")
@@ -185,6 +214,27 @@ def test_vmapped_and_data_parallel_candidates_resume_to_their_uninterrupted_bits
   assert resumed.resumed_steps == {cid: max(s) for cid, s in held.items()}
 
 
+@pytest.mark.slow  # a subset's programs compiled: about 8 s
+def test_a_subsampled_search_resumes_its_candidates_mid_way(base_config, digits, two_devices, tmp_path,
+                                                           crash_after_saves):
+  kwargs = dict(q=0.5, variant=1, repetitions=acc.Poisson(mean=2), key=jax.random.key(3),
+                devices=two_devices)
+  config = long_config(base_config)
+  whole = subsampled_search(config, GRID, digits, **kwargs)
+  run_dir = str(tmp_path / "run")
+  crash_after_saves(3)
+  with pytest.raises(Crash):
+    subsampled_search(config, GRID, digits, run_dir=run_dir, **kwargs)
+  held = {cid: max(s) for cid, s in held_steps(run_dir).items()}
+  assert held
+  resumed = subsampled_search(config, GRID, digits, run_dir=run_dir, **kwargs)
+  assert resumed.resumed_steps == held
+  assert resumed.tuned_hyperparameters == whole.tuned_hyperparameters
+  assert resumed.score == whole.score and resumed.epsilon == whole.epsilon
+  for x, y in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def _damage_newest(run_dir, how: str) -> tuple:
   """Damages the newest checkpoint of one candidate; (its id, the step left before it)."""
   held = held_steps(run_dir)
@@ -208,7 +258,8 @@ def _damage_newest(run_dir, how: str) -> tuple:
   return cid, min(held[cid])
 
 
-@pytest.mark.parametrize("how", ["truncated", "flipped", "metadata"])
+@pytest.mark.parametrize("how", [pytest.param("truncated", marks=pytest.mark.slow), "flipped",
+                                 pytest.param("metadata", marks=pytest.mark.slow)])
 def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_resumes(
     how, uninterrupted, base_config, digits, two_devices, tmp_path, crash_after_saves):
   run_dir = str(tmp_path / "run")
@@ -222,8 +273,10 @@ def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_resumes(
     resumed = search(config, digits, two_devices, run_dir=run_dir)
   assert_same_release(resumed, uninterrupted)
   assert resumed.resumed_steps[cid] == previous
-  assert any("moved to" in str(w.message) and cid in str(w.message) for w in caught)
-  assert glob.glob(os.path.join(run_dir, checkpoints.QUARANTINE, cid, "*"))
+  quarantined = os.path.join(run_dir, checkpoints.DIRNAME, checkpoints.QUARANTINE, cid)
+  assert any(f"moved to {quarantined}" in str(w.message) for w in caught)
+  # Stored: its checkpoints, the quarantined one included, are gone (secret, never needed again).
+  assert not os.path.exists(quarantined) and held_steps(run_dir) == {}
 
 
 def test_a_checkpoint_of_another_run_is_refused_never_resumed(base_config, digits, two_devices,
@@ -253,10 +306,60 @@ def test_a_checkpoint_of_another_run_is_refused_never_resumed(base_config, digit
                             checkpoint_dir=os.path.join(run_dir, checkpoints.DIRNAME))
 
 
+@pytest.mark.slow  # suite budget
+def test_a_foreign_or_broken_candidate_directory_is_never_resumed(base_config, digits, two_devices,
+                                                                  tmp_path, crash_after_saves):
+  run_dir = str(tmp_path / "run")
+  config = long_config(base_config)
+  crash_after_saves(2)  # both candidates of the first chunk saved at step 15
+  with pytest.raises(Crash):
+    search(config, digits, two_devices, run_dir=run_dir)
+  first, second = sorted(held_steps(run_dir))
+  directory = os.path.join(run_dir, checkpoints.DIRNAME)
+  # Another candidate's checkpoint in this one's place: intact, but not its run.
+  os.rename(os.path.join(directory, second), os.path.join(tmp_path, "kept"))
+  shutil.copytree(os.path.join(directory, first), os.path.join(directory, second))
+  with pytest.raises(SearchMismatchError, match=f"candidate {second} of this search"):
+    search(config, digits, two_devices, run_dir=run_dir, trainer=None)
+  # A file where a candidate's directory should be: quarantined, the candidate trains from 0.
+  shutil.rmtree(os.path.join(directory, second))
+  with open(os.path.join(directory, second), "w") as f:
+    f.write("not a checkpoint")
+  with pytest.warns(UserWarning, match="it is not a directory"):
+    resumed = search(config, digits, two_devices, run_dir=run_dir)
+  assert resumed.resumed_steps == {first: EVERY}
+
+
+@pytest.mark.slow  # suite budget
+def test_a_diverged_candidate_resumes_at_its_segment_stop_not_at_its_own_step(
+    base_config, digits, two_devices, tmp_path, crash_after_saves):
+  # The step a candidate diverges at depends on the data; the label of its checkpoints, and
+  # what the search reports, must be the public stop of the segment.
+  # A step size of learning_rate ** t: the parameters overflow within a few steps.
+  exploding = dataclasses.replace(base_config.task, name="exploding", optimizer=lambda hp: optax.chain(
+      optax.sgd(hp["learning_rate"]), optax.scale_by_schedule(lambda t: hp["learning_rate"] ** t)))
+  config = dataclasses.replace(long_config(base_config), task=exploding)
+  grid = {"learning_rate": [1e5]}
+  kw = dict(repetitions=acc.Fixed(1), key=jax.random.key(1), devices=two_devices)
+  reference = random_search(config, grid, digits, **kw)
+  run_dir = str(tmp_path / "run")
+  crash_after_saves(2)
+  with pytest.raises(Crash):
+    random_search(config, grid, digits, run_dir=run_dir, **kw)
+  assert held_steps(run_dir) and all(
+      s % EVERY == 0 for steps in held_steps(run_dir).values() for s in steps)
+  resumed = random_search(config, grid, digits, run_dir=run_dir, **kw)
+  assert resumed.resumed_steps and set(resumed.resumed_steps.values()) == {2 * EVERY}
+  assert resumed.hyperparameters == reference.hyperparameters is None  # diverged: no release
+  record = json.loads(open(os.path.join(run_dir, "results.jsonl")).readline())
+  assert record["diverged"] and record["steps"] < EVERY and record["resumed_step"] == 2 * EVERY
+
+
 def refusing(candidates, data, **kwargs):
   raise AssertionError(f"trained {len(candidates)} candidate(s): the rerun should have been refused")
 
 
+@pytest.mark.slow  # suite budget
 def test_checkpoints_off_or_without_run_dir_save_nothing(base_config, digits, two_devices, tmp_path,
                                                          monkeypatch, uninterrupted):
   def refuse(*args):
@@ -267,6 +370,24 @@ def test_checkpoints_off_or_without_run_dir_save_nothing(base_config, digits, tw
   search(long_config(base_config, every=1), digits, two_devices)  # no run_dir: no checkpoints
 
 
+@pytest.mark.slow  # a search with a slow compilation: about 3 s
+def test_the_automatic_cadence_times_steps_not_the_compilation(base_config, digits, two_devices,
+                                                               tmp_path, monkeypatch):
+  cadences = []
+  make = engine._Cadence  # pylint: disable=protected-access
+  monkeypatch.setattr(engine, "_Cadence", lambda every: cadences.append(make(every)) or cadences[-1])
+  compiled_chunk = engine._compiled_chunk  # pylint: disable=protected-access
+
+  def slow_compilation(*args):
+    time.sleep(2.0)
+    return compiled_chunk(*args)
+  monkeypatch.setattr(engine, "_compiled_chunk", slow_compilation)
+  search(long_config(base_config, every=None), digits, two_devices, run_dir=str(tmp_path / "run"))
+  # A step of this model takes about a millisecond; 2 s of compiling over 8 steps would be 0.25 s.
+  assert cadences and all(c.seconds_per_step < 0.05 for c in cadences)
+
+
+@pytest.mark.slow  # many one-step segments: about 4 s
 def test_the_default_cadence_saves_by_wall_time(base_config, digits, two_devices, tmp_path,
                                                 monkeypatch):
   seen = []

@@ -11,13 +11,22 @@ device (XLA_FLAGS); the cluster has an auth token of its own
 
 The search runs in a driver subprocess (`ray_cluster_driver.py`): a durable
 `random_search` with `run_dir` and `train_candidates_ray(address=...,
-chunk_size=1)`, one candidate per Ray task. Three runs:
+chunk_size=1)`, one candidate per Ray task. Four runs:
 
   1. uninterrupted: both nodes train candidates;
   2. the driver SIGKILLed once the pool holds a candidate, then rerun: the
      rerun trains exactly the candidates the pool did not hold;
   3. the second node SIGKILLed while it trains a candidate: Ray retries that
-     task on the head and the search finishes.
+     task on the head and the search finishes;
+  4. long candidates with checkpoints (`<run_dir>/checkpoints`, which both
+     nodes reach: they share this machine's disk), the second node SIGKILLed
+     once its candidate in flight has a complete checkpoint: the retried task
+     resumes that candidate from it on the head, so the lost node costs only
+     the rest of that candidate; the driver says so on stderr in two lines.
+
+The head's GCS declares a SIGKILLed node dead in about 1.5 s (HEALTH_CHECKS)
+rather than Ray's default 15 s: the driver reports a lost node only once Ray
+does, and run 4 finishes about 12 s after its kill.
 
 Each release is compared with a local, uninterrupted `random_search` with the
 same arguments and key and no run_dir, in this process with the local engine:
@@ -33,7 +42,7 @@ same arguments and key and no run_dir, in this process with the local engine:
     differently. On this machine (2-core AMD EPYC, jax 0.10.2, Ray 2.60) the
     releases were bit-identical; the test does not require it.
 
-Marked slow (about 65 s alone, mostly starting Ray and JAX in fresh
+Marked slow (about 100 s alone, mostly starting Ray and JAX in fresh
 processes): `make test-slow`, which CI runs, runs it.
 """
 
@@ -72,6 +81,13 @@ GRID = {"learning_rate": [0.3, 1.0, 3.0]}
 REPETITIONS = acc.Poisson(mean=5)
 KEY = 0  # draws K = 6 from REPETITIONS (checked in `drawn_ids`)
 PARAMS_RTOL, PARAMS_ATOL = 1e-5, 1e-6
+# Long candidates (run 4): about 0.3 ms a step and 70 ms a checkpoint on this machine, so a
+# candidate trains for 2 to 3 s once its worker has compiled, a checkpoint every 0.1 s or so.
+LONG_STEPS, LONG_EVERY = 3000, 100
+# The head's GCS declares a node dead after this many failed health checks this far apart
+# (Ray's defaults: 5 every 3 s, 15 s), its timeout of a check left at 10 s: a SIGKILLed
+# raylet refuses the checks at once, a live one would have to hang for 30 s.
+HEALTH_CHECKS = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3"}
 START_TIMEOUT_S = 60
 DRIVER_TIMEOUT_S = 150
 
@@ -151,10 +167,11 @@ class LocalCluster:
               "--include-dashboard=false", f"--dashboard-port={_free_port()}"]
     else:
       cmd += [f"--address={self.address}", "--node-ip-address=127.0.0.1"]
+    env = dict(self.env, **{NODE_ENV: name}, **(HEALTH_CHECKS if name == "head" else {}))
     log = os.path.join(self.root, f"{name}.log")
     with open(log, "w", encoding="utf-8") as out:
-      proc = subprocess.Popen(cmd, env=dict(self.env, **{NODE_ENV: name}), stdout=out,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+      proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                              start_new_session=True)
     self.nodes[name] = proc
     deadline = time.monotonic() + START_TIMEOUT_S
     while "Ray runtime started" not in _read(log):
@@ -209,6 +226,26 @@ def local(base_config, digits):
   return random_search(base_config, GRID, digits, repetitions=REPETITIONS, key=jax.random.key(KEY))
 
 
+def long_config(base_config):
+  """The search config with long candidates that save a checkpoint every LONG_EVERY steps (the
+  driver's `--steps LONG_STEPS --checkpoint-every LONG_EVERY`)."""
+  return dataclasses.replace(base_config, steps=LONG_STEPS, execution=dataclasses.replace(
+      base_config.execution, checkpoint_every=LONG_EVERY))
+
+
+@pytest.fixture(scope="module")
+def local_long(base_config, digits):
+  """The local, uninterrupted release of the long search (no run_dir: no checkpoints)."""
+  return random_search(long_config(base_config), GRID, digits, repetitions=REPETITIONS,
+                       key=jax.random.key(KEY))
+
+
+@pytest.fixture(scope="module")
+def long_ids(base_config):
+  return {c.id for c in draw_search(SearchSpace(long_config(base_config), GRID), REPETITIONS,
+                                    jax.random.key(KEY))}
+
+
 @pytest.fixture(scope="module")
 def drawn_ids(base_config):
   ids = [c.id for c in draw_search(SearchSpace(base_config, GRID), REPETITIONS, jax.random.key(KEY))]
@@ -224,9 +261,11 @@ class Run:
   task_log: str
   params_out: str
   label: str
+  stderr: str = ""  # what the driver wrote there, once it exited (`wait`)
 
   def wait(self) -> dict:
     out, err = self.proc.communicate(timeout=DRIVER_TIMEOUT_S)
+    self.stderr = err
     assert self.proc.returncode == 0, f"driver {self.label} failed:\n{out}\n{err[-5000:]}"
     return json.loads(out.strip().splitlines()[-1])
 
@@ -246,16 +285,17 @@ class Run:
 
 @pytest.fixture
 def start_driver(cluster, search_file, tmp_path):
-  """`start_driver(label, delay=0.0)`: a driver on this test's run_dir; any left running is killed."""
+  """`start_driver(label, delay=0.0, *args)`: a driver on this test's run_dir (`args`: more of
+  its options); any left running is killed."""
   runs = []
 
-  def start(label: str, delay: float = 0.0) -> Run:
+  def start(label: str, delay: float = 0.0, *args: str) -> Run:
     run_dir, task_log = str(tmp_path / "run_dir"), str(tmp_path / "tasks.jsonl")
     params_out = str(tmp_path / f"params_{label}.npz")
     env = {k: v for k, v in cluster.env.items() if k != NODE_ENV}
     cmd = [sys.executable, DRIVER, search_file, "--address", cluster.address, "--run-dir", run_dir,
            "--task-log", task_log, "--label", label, "--task-delay", str(delay),
-           "--params-out", params_out]
+           "--params-out", params_out, *args]
     # Its own session: a SIGKILL of the driver reaches it and nothing else.
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -274,6 +314,16 @@ def _wait_for(condition, what: str, run: Run, timeout_s: float = DRIVER_TIMEOUT_
     assert run.proc.poll() is None, f"the driver exited before {what}: {run.proc.communicate()}"
     assert time.monotonic() < deadline, f"timed out waiting for {what}"
     time.sleep(0.05)
+
+
+def _complete_steps(run_dir: str, candidate_id: str) -> list:
+  """The steps of the candidate's complete checkpoints: orbax renames a step's directory into
+  `<step>` once it is written (until then it has the `.orbax-checkpoint-tmp` suffix)."""
+  directory = os.path.join(run_dir, "checkpoints", candidate_id)
+  try:
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+  except FileNotFoundError:
+    return []
 
 
 def assert_same_release(release: dict, params_file: str, local, digits) -> None:
@@ -355,3 +405,57 @@ def test_a_lost_node_costs_only_a_retry(cluster, start_driver, local, drawn_ids,
   assert set(lost) <= retried
   assert not {i for e in run.tasks("end") if e["node"] == "second" for i in e["ids"]} & set(lost)
   assert sorted(run.stored_ids()) == sorted(drawn_ids)
+
+
+@pytest.mark.timeout(240)
+def test_a_node_killed_mid_candidate_costs_only_the_rest_of_that_candidate(
+    cluster, start_driver, local_long, long_ids, digits):
+  run = start_driver("mid-candidate", 0.0, "--steps", str(LONG_STEPS), "--checkpoint-every",
+                     str(LONG_EVERY))
+  seen = {}  # the second node's candidate in flight -> the step of its newest complete checkpoint
+
+  def checkpointed_on_second() -> bool:
+    done = {i for e in run.tasks("end") for i in e["ids"]}
+    for e in run.tasks("start"):
+      for cid in e["ids"]:
+        steps = _complete_steps(run.run_dir, cid)
+        if e["node"] == "second" and cid not in done and steps:
+          seen[cid] = max(steps)
+    return bool(seen)
+
+  _wait_for(checkpointed_on_second, "a checkpoint of a candidate in flight on the second node", run)
+  cluster.kill_node("second")  # mid-candidate: it has a checkpoint, and the rest of its steps to go
+  (cid, step), = seen.items()
+  assert 0 < step < LONG_STEPS and cid not in run.stored_ids()
+  try:
+    release = run.wait()
+  finally:
+    cluster.start_node("second")  # the module's cluster has two nodes again
+  assert_same_release(release, run.params_out, local_long, digits)
+  # The second node never finished the candidate; Ray retried its task on the head, which
+  # resumed it from the checkpoint seen at the kill (or a later one), not from step 0. Every
+  # other candidate trained once, from the start, and every candidate is stored once.
+  assert not [e for e in run.tasks("end") if e["node"] == "second" and cid in e["ids"]]
+  assert release["resumed_steps"] == {cid: release["resumed_steps"][cid]}
+  assert step <= release["resumed_steps"][cid] < LONG_STEPS
+  resumed_at = {i: (e["node"], r) for e in run.tasks("end") for i, r in zip(e["ids"], e["resumed"])}
+  assert resumed_at.pop(cid) == ("head", release["resumed_steps"][cid])
+  assert sorted(resumed_at) == sorted(long_ids - {cid})
+  assert all(r == 0 for _, r in resumed_at.values())
+  starts = sorted(i for e in run.tasks("start") for i in e["ids"])
+  assert starts == sorted([*long_ids, cid])
+  assert sorted(run.stored_ids()) == sorted(long_ids)
+  # Stored candidates keep no checkpoint (an unreleased state is as secret as the data).
+  assert not [d for d in os.listdir(os.path.join(run.run_dir, "checkpoints")) if
+              os.path.isdir(os.path.join(run.run_dir, "checkpoints", d))]
+  # The driver's stderr: the backend's two lines, and no Ray output of the dead node's
+  # workers or raylet (log_to_driver=False): only Ray's two lines of connecting to the cluster.
+  lines = run.stderr.splitlines()
+  lost = [line for line in lines if line.startswith("jaxdp: Ray node ")]
+  assert len(lost) == 1 and "was lost; Ray retries the tasks it ran" in lost[0], run.stderr
+  assert "from their candidates' checkpoints" in lost[0]
+  assert any(line.startswith(f"jaxdp: candidate(s) {cid} at step {release['resumed_steps'][cid]} "
+                             "resumed from their checkpoints") for line in lines), run.stderr
+  others = [line for line in lines if line.strip() and not line.startswith("jaxdp: ")]
+  assert len(others) <= 4 and "Traceback" not in run.stderr, run.stderr
+  assert not [line for line in others if "(raylet" in line or "pid=" in line], run.stderr
