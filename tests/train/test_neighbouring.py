@@ -182,6 +182,7 @@ def test_dpsgd_step_exact_epsilon_is_at_most_accounted(kind, by):
     assert exact == pytest.approx(exact_release.gaussian_mechanism_epsilon(1 / SIGMA, DELTA), rel=1e-9)
 
 
+@pytest.mark.slow  # suite budget: a statistical test of many draws (test_plan checks the std too)
 def test_dpsgd_noise_has_the_std_of_the_law():
   # 300 keys: the sample std's relative standard error is 1 / sqrt(600) = 4%, so
   # this pins the scale sigma C / N (a noise divided twice, or not at all, is far

@@ -51,6 +51,7 @@ def _public_start(user_config, user_data, width):
   return {"params": {"out": {"bias": np.full(bias.shape, 0.01, bias.dtype)}}}
 
 
+@pytest.mark.slow  # suite budget (tests/benchmarks counts the checks of a durable search too)
 def test_a_durable_search_checks_its_data_and_initial_params_once(user_config, user_data, counted,
                                                                    tmp_path, two_devices):
   start = _public_start(user_config, user_data, 4)
@@ -313,6 +314,7 @@ def test_a_layout_or_run_dir_the_search_cannot_use_fails_before_any_draw(user_co
     subsampled_search(sgd, {"learning_rate": [0.03]}, user_data, key=jax.random.key(0), **kwargs)
 
 
+@pytest.mark.slow  # suite budget
 def test_a_new_search_may_start_in_an_existing_empty_run_dir(user_config, user_data, tmp_path,
                                                              two_devices):
   # What a dry run and the subsampled search check before drawing: only a pool is compared.

@@ -103,6 +103,7 @@ def test_batched_equals_lone_over_traced_and_static(user_config, user_data, two_
                          np.asarray(jax.tree.leaves(batched[1].params)[0]))
 
 
+@pytest.mark.slow  # suite budget (tests/tuning/test_durable.py resumes durable searches by default)
 def test_run_sweep_durable_pool(user_config, user_data, two_devices, tmp_path):
   cands = grid_candidates(SearchSpace(user_config, {"learning_rate": [0.02, 0.1]}), seeds=[0, 1])
   calls = []
