@@ -42,18 +42,13 @@ def main(argv=None) -> int:
     args.examples, args.image_size = 1024, 8
 
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from jaxdp.data import Dataset, DataSplit  # pylint: disable=g-import-not-at-top
+  from benchmarks._data import mnist_sized  # pylint: disable=g-import-not-at-top
   from jaxdp.experiments import fig7  # pylint: disable=g-import-not-at-top
   from jaxdp.train import LoopSpec, train_candidate  # pylint: disable=g-import-not-at-top
 
-  rng = np.random.default_rng(0)
   shape = (args.image_size, args.image_size, 1)
-  split = lambda n: DataSplit(rng.normal(size=(n,) + shape).astype(np.float32),
-                              (np.arange(n) % 10).astype(np.int32))
-  data = Dataset(name="mnist-sized random", train=split(args.examples), test=split(1000),
-                 num_examples=args.examples, num_classes=10)
+  data = mnist_sized(args.examples, args.image_size)
   profile = fig7.PROFILES["paper"]
   config = fig7.base_config(profile, args.examples)
   steps = 2 if args.quick else math.ceil(args.examples / profile.batch_size)  # one epoch
