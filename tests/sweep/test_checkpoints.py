@@ -258,8 +258,8 @@ def _damage_newest(run_dir, how: str) -> tuple:
   return cid, min(held[cid])
 
 
-@pytest.mark.parametrize("how", [pytest.param("truncated", marks=pytest.mark.slow), "flipped",
-                                 pytest.param("metadata", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("how", ["truncated", "flipped", "metadata"])
+@pytest.mark.slow  # suite budget
 def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_resumes(
     how, uninterrupted, base_config, digits, two_devices, tmp_path, crash_after_saves):
   run_dir = str(tmp_path / "run")

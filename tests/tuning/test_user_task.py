@@ -166,6 +166,7 @@ def test_dry_run_matches_random_search(no_work, user_random_search, user_config,
   assert plan.score_source == PUBLIC
 
 
+@pytest.mark.slow  # suite budget (tests/tuning/test_search.py runs threshold_search by default)
 def test_threshold_search(user_config, user_data, two_devices):
   easy = threshold_search(user_config, GRID, user_data, threshold=0.0, stop_prob=0.5, key=jax.random.key(2),
                           devices=two_devices, max_candidates_per_device=1)
