@@ -64,8 +64,9 @@ class CandidateResult:
       it was compiled before; in a batched run, its group's compilation).
     score_source: 'public test split (not accounted)' or 'private validation
       split (DP score, accounted)'.
-    resumed_step: the step its training resumed from, a checkpoint's
-      (`ExecutionConfig.checkpoint_every`); 0 when it trained from step 0.
+    resumed_step: the step its training resumed at, the stop of the segment
+      that saved its checkpoint (`ExecutionConfig.checkpoint_every`); 0 when
+      it trained from step 0.
     params: final parameters (not in repr).
   """
   score: float

@@ -85,9 +85,11 @@ class TunedResult:
     resumed: how many of the trained candidates were read back from
       `run_dir` (stored by an earlier, interrupted run of the same search)
       instead of trained now; 0 without `run_dir`.
-    resumed_steps: candidate id -> the step from which its training resumed,
-      for the candidates trained now that continued an interrupted run's
-      checkpoint (`ExecutionConfig.checkpoint_every`) instead of step 0.
+    resumed_steps: candidate id -> the step its training resumed at, for the
+      candidates trained now that continued an interrupted run's checkpoint
+      (`ExecutionConfig.checkpoint_every`) instead of step 0: the stop of the
+      segment that saved it, never a step counter the data decide (a
+      candidate that diverged earlier resumes as diverged).
   """
 
   hyperparameters: Optional[Mapping[str, Any]]

@@ -94,8 +94,8 @@ class SubsampledResult:
     num_candidates: K, candidates trained on X1.
     resumed: how many of the K candidates and the final run were read back
       from `run_dir` instead of trained now (0 without `run_dir`).
-    resumed_steps: candidate id -> the step from which its training resumed,
-      for the candidates trained now that continued a checkpoint.
+    resumed_steps: candidate id -> the step its training resumed at (a
+      checkpoint's segment stop), as in `TunedResult.resumed_steps`.
     subset_size: m = round(q N), the declared size of X1 (public; X1's actual
       size is `subset_mask.sum()`, private, and may be 0: the candidates then
       train on noise only, as does the final run on an empty final set).
