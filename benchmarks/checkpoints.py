@@ -136,7 +136,7 @@ def main(argv=None) -> int:
   saver_cls, store_cls = engine._Saver, checkpoints.Checkpoints  # pylint: disable=protected-access
   originals = {"saver_save": saver_cls.save, "handoff": store_cls.save,
                "release": store_cls.release, "restore": store_cls.restore,
-               "digest": checkpoints.state_digest,
+               "digest": checkpoints.params_digest,
                "compiled_chunk": engine._compiled_chunk}  # pylint: disable=protected-access
 
   def timed(name, fn):
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
   engine._compiled_chunk = compiled_chunk  # pylint: disable=protected-access
   store_cls.release = timed("release", originals["release"])
   store_cls.restore = timed("restore", originals["restore"])
-  checkpoints.state_digest = timed("digest", originals["digest"])
+  checkpoints.params_digest = timed("digest", originals["digest"])
 
   plans, identity_seconds = {}, []
 
@@ -259,7 +259,7 @@ def main(argv=None) -> int:
   finally:
     saver_cls.save, store_cls.save = originals["saver_save"], originals["handoff"]
     store_cls.release, store_cls.restore = originals["release"], originals["restore"]
-    checkpoints.state_digest = originals["digest"]
+    checkpoints.params_digest = originals["digest"]
     engine._compiled_chunk = originals["compiled_chunk"]  # pylint: disable=protected-access
     shutil.rmtree(root, ignore_errors=True)
 

@@ -58,6 +58,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from jaxdp.sweep.plan import params_digest
 from jaxdp.sweep.pool import SearchMismatchError
 
 #: The directory of checkpoints in a `run_dir`, and its subdirectory where damaged ones go.
@@ -69,16 +70,6 @@ AUTO_SECONDS = 600.0
 PROBE_STEPS = 8
 _KEEP = 2  # the newest and the one before it: a damaged newest costs one interval, not the run
 _REACHABLE = ".reachable"
-
-
-def state_digest(leaves: list) -> str:
-  """sha256 of a list of host arrays: every leaf's dtype, shape and bytes, in order."""
-  digest = hashlib.sha256()
-  for leaf in leaves:
-    leaf = np.ascontiguousarray(np.asarray(leaf))
-    digest.update(f"{leaf.dtype}{leaf.shape}".encode())
-    digest.update(leaf.tobytes())
-  return digest.hexdigest()
 
 
 def _named(leaves: list) -> dict:
@@ -164,7 +155,7 @@ class Checkpoints:
     ocp = _orbax()
     leaves = jax.tree.leaves(state)
     meta = {"candidate": candidate_id, "identity": identity, "step": int(step),
-            "state_sha256": state_digest(leaves)}
+            "state_sha256": params_digest(leaves)}
     meta["meta_sha256"] = _meta_digest(meta)
     self._manager(candidate_id).save(int(step), args=ocp.args.Composite(
         state=ocp.args.StandardSave(_named(leaves)), meta=ocp.args.JsonSave(meta)), force=True)
@@ -213,7 +204,7 @@ class Checkpoints:
         self._quarantine(candidate_id, step, f"its arrays cannot be read ({type(err).__name__}: "
                                              f"{err})"[:400])
         continue
-      if state_digest(leaves) != meta.get("state_sha256"):
+      if params_digest(leaves) != meta.get("state_sha256"):
         self._quarantine(candidate_id, step, "its arrays fail their checksum")
         continue
       return step, treedef.unflatten(leaves)

@@ -373,8 +373,11 @@ def _dispatch_group(group: _Group, candidates, plan: SearchPlan, splits: tuple, 
       bar.set_postfix_str(f"compiled in {compile_s:.1f} s")
     return executable
 
+  def arguments(inputs, state, fresh, stop) -> tuple:
+    return (*inputs, train, test, validation, initial, state, fresh, np.int32(stop))
+
   def run(inputs, state, fresh, stop):
-    args = (*inputs[:3], train, test, validation, initial, state, fresh, np.int32(stop))
+    args = arguments(inputs, state, fresh, stop)
     return compiled(args)(*args)
 
   total = group.spec.num_steps
@@ -399,7 +402,7 @@ def _dispatch_group(group: _Group, candidates, plan: SearchPlan, splits: tuple, 
         stop = cadence.next_stop(at, total)
         probing = cadence.probing
         if probing:  # the step's time, not its compilation's nor the queue's
-          compiled((*inputs[:3], train, test, validation, initial, state, fresh, np.int32(stop)))
+          compiled(arguments(inputs, state, fresh, stop))
           jax.block_until_ready(state)
           began = time.perf_counter()
         state, scores = run(inputs, state, fresh, stop)
