@@ -117,6 +117,22 @@ class JaxdpConv(nn.Module):
     return jaxdp_layers.Conv2D(4, (3, 3), impl=self.impl)(x)
 
 
+class DenseGeneral(nn.Module):
+  """One flax DenseGeneral layer (attention's projections: heads out, or heads contracted)."""
+  features: tuple
+  axis: tuple = (-1,)
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.DenseGeneral(self.features, axis=self.axis)(x)
+
+
+class LoRAAttentionProjection(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return lora.LoRADenseGeneral((2, 4), rank=2)(x)
+
+
 class LoRASequence(nn.Module):
   @nn.compact
   def __call__(self, x):
@@ -146,7 +162,13 @@ MODELS = {
     "conv-3x3": (Conv(4, (3, 3)), (4, 4, 2)),
     "conv2d-im2col": (JaxdpConv("im2col"), (4, 4, 2)),
     "conv2d-native": (JaxdpConv("native"), (4, 4, 2)),
+    # DenseGeneral: a query projection to (heads, head_dim) over T = 2 (Gram form), an output
+    # projection contracting (heads, head_dim) (Gram form), and T = 8 positions to 2 x 1 (direct).
+    "dense-general-heads": (DenseGeneral((2, 4)), (2, 8)),
+    "dense-general-out": (DenseGeneral((8,), axis=(-2, -1)), (2, 2, 4)),
+    "dense-general-direct": (DenseGeneral((2, 1)), (8, 8)),
     "lora-dense": (LoRASequence(), (2, 8)),
+    "lora-attention": (LoRAAttentionProjection(), (2, 8)),
     "lora-conv": (LoRAConvolution(), (4, 4, 2)),
 }
 
@@ -246,9 +268,11 @@ def test_every_model_here_is_ghost_where_it_should_be():
       assert not split.fallback_leaves, (name, split)
 
 
-# Three convolution variants run in the slow set (the suite's 5-minute budget): Conv2D im2col,
-# nn.Conv 1x1 and LoRADense keep every form (direct, Gram, one position, mixed) in the default run.
-_SLOW_MODELS = ("conv-3x3", "conv2d-native", "lora-conv")
+# Three convolution and three DenseGeneral variants run in the slow set (the suite's 5-minute
+# budget): Conv2D im2col, nn.Conv 1x1, LoRADense and the attention output projection keep every
+# form (direct, Gram, one position, mixed) in the default run.
+_SLOW_MODELS = ("conv-3x3", "conv2d-native", "lora-conv", "dense-general-heads", "dense-general-direct",
+                "lora-attention")
 
 
 @pytest.mark.parametrize("path", ["vmap", "ghost"])
@@ -272,6 +296,50 @@ def test_adding_one_adversarial_example_moves_the_clipped_sum_by_at_most_c(name,
     moved = _norm64(jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64),
                                  added, base))
     assert moved <= C * (1 + RTOL), f"{name}/{path}/{attack}: moved {moved / C:.6g} C"
+
+
+VOCAB, POSITIONS, WIDTH = 5, 6, 4
+
+
+class Embedding(nn.Module):
+  @nn.compact
+  def __call__(self, tokens):
+    return nn.Embed(VOCAB, WIDTH)(tokens)
+
+
+# Token patterns of the added example: every position reading one row (its cotangents may then
+# cancel in the row's gradient), ids that wrap to the same row (-3 reads row 2, as jnp.take
+# reads it), ids out of range (no row: the lookup is NaN and its gradient drops them), distinct.
+TOKENS = {"one-row": [2] * POSITIONS, "wrapped": [2, -3] * (POSITIONS // 2),
+          "out-of-range": [VOCAB, -VOCAB - 1, 2, 2, 10 ** 6, -(10 ** 6)], "distinct": [0, 1, 2, 3, 4, -1]}
+
+
+@pytest.mark.parametrize("path", ["vmap", "ghost"])
+def test_adding_one_adversarial_token_sequence_moves_the_clipped_sum_by_at_most_c(path):
+  module = Embedding()
+  tokens = jnp.zeros((1, POSITIONS), jnp.int32)
+  params = module.init(jax.random.key(0), tokens)
+  loss_fn = _loss(module)
+  if path == "ghost":
+    assert ghost_layers(loss_fn, params, {"x": tokens, "c": jnp.zeros((1, POSITIONS, WIDTH))}).fallback_leaves == ()
+  summed = jax.jit(functools.partial(_SUMS[path], loss_fn, params))
+  rng = np.random.default_rng(2)
+  hx = rng.integers(0, VOCAB, size=(HONEST, POSITIONS)).astype(np.int32)
+  hc = rng.normal(size=(HONEST, POSITIONS, WIDTH)).astype(np.float32)
+  with_it, without = jnp.arange(HONEST + 1) < HONEST + 1, jnp.arange(HONEST + 1) < HONEST
+  for pattern, ids in TOKENS.items():
+    for attack in ATTACKS:
+      if attack.endswith("input"):
+        continue  # tokens are integers: their attack is the pattern
+      _, ac = _attack(attack, (POSITIONS, 1), (POSITIONS, WIDTH))
+      batch = {"x": jnp.asarray(np.concatenate([hx, np.asarray([ids], np.int32)])),
+               "c": jnp.asarray(np.concatenate([hc, ac[None]]))}
+      added, _ = summed(batch, with_it, C)
+      base, _ = summed(batch, without, C)
+      assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(added)), (pattern, attack)
+      moved = _norm64(jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64),
+                                   added, base))
+      assert moved <= C * (1 + RTOL), f"embed/{path}/{pattern}/{attack}: moved {moved / C:.6g} C"
 
 
 @pytest.mark.parametrize("name", ["dense-gram", "dense-one-position", "conv-1x1-two-pixels"])

@@ -1,4 +1,4 @@
-"""Low-rank adapters (LoRA, Hu et al., ICLR 2022) for Flax `Dense` and `Conv` layers.
+"""Low-rank adapters (LoRA, Hu et al., ICLR 2022) for Flax `Dense`, `DenseGeneral` and `Conv` layers.
 
 `LoRADense` is a drop-in `flax.linen.Dense`: its own parameters are named as
 Dense's (`kernel`, `bias`), so a pretrained Dense's parameters load into it
@@ -13,6 +13,13 @@ no per-example gradient, no noise and no update (see `jaxdp.train.Task`).
 `lora_a` and `lora_b` are plain `flax.linen.Dense` calls, so ghost clipping
 (`Task(clipping="ghost")`) computes their norms without per-example kernel
 gradients.
+
+`LoRADenseGeneral` does the same for `flax.linen.DenseGeneral` (any
+contracted `axis`, any `features` tuple), the layer of attention's
+query/key/value/output projections: `lora_a` is a `DenseGeneral` over the
+same axes to r features, `lora_b` a `DenseGeneral` from r to the features.
+`jaxdp.models.transformer.SelfAttention(lora_rank=r)` puts one on each
+projection of a Flax-compatible attention layer.
 
 `LoRAConv` does the same for `flax.linen.Conv` (same `kernel`/`bias` names):
 `lora_a` is a convolution with the layer's window to r channels, `lora_b` a
@@ -29,6 +36,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxdp import _validate
 
@@ -74,6 +82,53 @@ class LoRADense(nn.Module):
     down = nn.Dense(self.rank, use_bias=False, name="lora_a")(x)
     up = nn.Dense(self.features, use_bias=False, kernel_init=nn.initializers.zeros_init(),
                   name="lora_b")(down)
+    return y + scale * up
+
+
+def _as_tuple(value) -> tuple:
+  return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+class LoRADenseGeneral(nn.Module):
+  """`flax.linen.DenseGeneral` (no `batch_dims`) plus a rank-`rank` adapter over the same axes.
+
+  Its `kernel` (the contracted input axes, then `features`) and `bias`
+  (`features`) are shaped and initialised as DenseGeneral's, so a pretrained
+  DenseGeneral's parameters load into it unchanged.
+
+  Attributes:
+    features: output features, an int or a tuple (e.g. (heads, head_dim)).
+    rank: the adapter's rank r >= 1.
+    alpha: the adapter's scale numerator (None: r, i.e. scale 1).
+    axis: the contracted input axes, as in DenseGeneral.
+    use_bias, kernel_init, bias_init: as in DenseGeneral.
+  """
+  features: int | tuple[int, ...]
+  rank: int
+  alpha: float | None = None
+  axis: int | tuple[int, ...] = -1
+  use_bias: bool = True
+  kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
+  bias_init: Callable[..., Any] = nn.initializers.zeros_init()
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = _scale(self.rank, self.alpha)
+    features = _as_tuple(self.features)
+    axis = tuple(a % x.ndim for a in _as_tuple(self.axis))
+    contracted = tuple(x.shape[a] for a in axis)
+
+    def flat(init, fan):  # DenseGeneral initialises the flattened (d_in, d_out) matrix
+      return lambda key, shape, dtype=jnp.float32: init(key, fan, dtype).reshape(shape)
+
+    kernel = self.param("kernel", flat(self.kernel_init, (int(np.prod(contracted)), int(np.prod(features)))),
+                        contracted + features, jnp.float32)
+    y = jax.lax.dot_general(x, kernel, ((axis, tuple(range(len(axis)))), ((), ())))
+    if self.use_bias:
+      y = y + self.param("bias", flat(self.bias_init, (int(np.prod(features)),)), features, jnp.float32)
+    down = nn.DenseGeneral(self.rank, axis=axis, use_bias=False, name="lora_a")(x)
+    up = nn.DenseGeneral(features, use_bias=False, kernel_init=nn.initializers.zeros_init(),
+                         name="lora_b")(down)
     return y + scale * up
 
 

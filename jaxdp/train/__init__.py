@@ -11,7 +11,7 @@
                optax transform clip_per_example_l2, clipped against NormBounds
                that hold after float32 rounding (clip_scales).
   ghost        ghost clipping: the same clipped sum without per-example
-               gradients of Dense/Conv layers, everywhere (Task(clipping='ghost'))
+               gradients of Embed/Dense/DenseGeneral/Conv layers, everywhere (Task(clipping='ghost'))
                or where a cost model says it pays (Task(clipping='auto'), the default).
   microbatching  the automatic microbatch size of the per-example path.
   noise        add_gaussian_noise, normalize_by_expected_batch_size (optax).

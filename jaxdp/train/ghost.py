@@ -1,14 +1,19 @@
 """Ghost clipping: the clipped gradient sum without per-example weight gradients.
 
 `ghost_clipped_grad_sum` returns what `clipping.clipped_grad_sum` returns,
-but for every eligible `flax.linen.Dense`, `flax.linen.Conv` and
-`jaxdp.models.Conv2D` call it never materialises the (b, d_in, d_out)
-per-example kernel gradients, which dominate the memory of the vmap path for
-wide layers.  Every other parameter falls back to vmap per-example gradients.
+but for every eligible `flax.linen.Dense`, `flax.linen.DenseGeneral`,
+`flax.linen.Conv`, `jaxdp.models.Conv2D` and `flax.linen.Embed` call it
+never materialises the per-example weight gradients ((b, d_in, d_out) for a
+kernel, (b, V, d) for an embedding table), which dominate the memory of the
+vmap path for wide layers and large vocabularies.  Every other parameter
+(LayerNorm scales, a table read twice, ...) falls back to vmap per-example
+gradients.
 
 For a layer y_t = r_t W + c (t over positions: the middle axes of a Dense
-input, the output pixels of a convolution whose rows r_t are the input
-patches) the per-example gradients are
+input, the non-contracted axes of a DenseGeneral input, whose contracted
+axes form r_t (attention's projections: axis -1 to (heads, head_dim), or
+(heads, head_dim) contracted), the output pixels of a convolution whose rows
+r_t are the input patches) the per-example gradients are
 
   dL/dW = sum_t r_t^T g_t = R^T G,     dL/dc = sum_t g_t,
 
@@ -27,6 +32,19 @@ per-example gradients; the clipped sum is then sum_i w_i R_i^T G_i with the
 clip factors w_i, so no second backward pass is needed (the "book-keeping"
 trick of Bu et al., "Differentially private optimization on large model at
 small cost", ICML 2023).
+
+An embedding lookup y_t = E[x_t] is the case r_t = e_{x_t}, a one-hot row of
+length V: its gradient sum_t e_{x_t} g_t^T is scattered into the rows read,
+and r_t . r_s = [x_t = x_s] exactly, so
+
+  ||dL/dE||_F^2 = sum_{t,s} [x_t = x_s] (g_t . g_s)              (cost ~ T^2 d)
+
+with no V-sized tensor (Li et al., ICLR 2022, App.). "The row read" is the
+one the layer's `jnp.take` reads: a negative id wraps (-1 is row V - 1), an
+id out of range reads none (the lookup is NaN and its gradient drops it), so
+equality is taken on those rows, and the clipped sum is scattered into
+exactly them: what is normed is what is added. It is the Gram form below
+with d_in = 1 and exact row products, so the same bound holds.
 
 Sensitivity holds after rounding (`jaxdp.train.clipping`): example i adds w_i
 (R_i^T G_i per ghost layer, its vmap gradient per fallback leaf) to the sum,
@@ -75,17 +93,17 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 #: they shrink one example's working set by at least this fraction of it;
 #: below that the per-example gradient path is as small and has less work.
 AUTO_MIN_SAVING = 0.1
-_NOT_DETERMINISTIC = ("loss_fn made different Dense/Conv calls when traced again; ghost clipping "
+_NOT_DETERMINISTIC = ("loss_fn made different Embed/Dense/Conv calls when traced again; ghost clipping "
                       "needs a loss whose layer calls depend on shapes only")
 
 
 class GhostLayer(NamedTuple):
-  """One call of a Dense / Conv / Conv2D module seen while tracing the loss.
+  """One call of a Dense / DenseGeneral / Conv / Conv2D / Embed module seen while tracing the loss.
 
   Attributes:
     module: the module's path, '/'-joined (e.g. 'Dense_0' or 'block/Conv_1').
     call: 0 for its first call in the loss, 1 for the second, ...
-    kind: 'Dense', 'Conv' or 'Conv2D'.
+    kind: 'Dense', 'DenseGeneral', 'Conv', 'Conv2D' or 'Embed'.
     leaves: the `params` leaves (as `jax.tree_util.keystr` paths) this call
       reads; empty when its parameters are not leaves of `params` (e.g.
       inside `nn.scan`).
@@ -103,14 +121,18 @@ class GhostSplit(NamedTuple):
   """How `ghost_clipped_grad_sum` treats each leaf of `params`.
 
   Attributes:
-    layers: every Dense / Conv / Conv2D call in the loss, in call order.
+    layers: every Dense / DenseGeneral / Conv / Conv2D / Embed call in the loss, in call order.
     ghost_leaves: leaves whose per-example norms come from ghost clipping.
     fallback_leaves: leaves whose per-example gradients are materialised by
       vmap; every leaf of `params` is in exactly one of the two.
+    norm_bytes: one example's bytes of what the ghost norms hold instead of
+      the ghost leaves' gradients (cotangents, patches, Gram matrices or
+      R^T G), for `microbatching.per_example_bytes(extra=...)`.
   """
   layers: tuple[GhostLayer, ...]
   ghost_leaves: tuple[str, ...]
   fallback_leaves: tuple[str, ...]
+  norm_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -123,15 +145,31 @@ class _Call:
   reason: str | None = None
 
 
+_KINDS = {nn.Dense: "Dense", nn.DenseGeneral: "DenseGeneral", nn.Conv: "Conv",
+          jaxdp_layers.Conv2D: "Conv2D", nn.Embed: "Embed"}
+
+
 def _kind(module: nn.Module) -> str | None:
   # Exact types only: a subclass may change __call__ or anything it relies on.
-  if type(module) is nn.Dense:  # pylint: disable=unidiomatic-typecheck
-    return "Dense"
-  if type(module) is nn.Conv:  # pylint: disable=unidiomatic-typecheck
-    return "Conv"
-  if type(module) is jaxdp_layers.Conv2D:  # pylint: disable=unidiomatic-typecheck
-    return "Conv2D"
-  return None
+  return _KINDS.get(type(module))
+
+
+def _weight_of(kind: str) -> str:
+  """The parameter whose ghost norm the call's form computes (the other, if any, is its bias)."""
+  return "embedding" if kind == "Embed" else "kernel"
+
+
+def _feature_axes(kind: str, module: nn.Module) -> int:
+  """How many trailing axes of the call's output are its features (d_out is their size)."""
+  if kind == "DenseGeneral":
+    return len(module.features) if isinstance(module.features, (tuple, list)) else 1
+  return 1
+
+
+def _contracted(module: nn.Module, ndim: int) -> tuple[int, ...]:
+  """A DenseGeneral's contracted input axes, non-negative, in the kernel's order."""
+  axis = module.axis if isinstance(module.axis, (tuple, list)) else (module.axis,)
+  return tuple(a % ndim for a in axis)
 
 
 def _input(args, kwargs):
@@ -144,13 +182,35 @@ def _input(args, kwargs):
 
 
 def _expected_params(kind: str, module: nn.Module) -> set[str]:
+  if kind == "Embed":
+    return {"embedding"}
   if kind == "Conv2D" or module.use_bias:
     return {"kernel", "bias"}
   return {"kernel"}
 
 
+def _embed_reason(module: nn.Module, x, variables) -> str | None:
+  """Why this nn.Embed call is not a plain row lookup in its one table, or None."""
+  if not isinstance(x, jax.Array) or not jnp.issubdtype(x.dtype, jnp.integer):
+    return "input is not an integer array"
+  if set(variables) != {"embedding"}:
+    return f"unexpected parameters {sorted(variables)}"
+  table = variables["embedding"]
+  if not jnp.issubdtype(jnp.result_type(table), jnp.floating):
+    return "the table is not floating-point"
+  if module.num_embeddings == 1:
+    return "num_embeddings == 1 broadcasts the table whatever the token"
+  if module.dtype is not None and jnp.dtype(module.dtype) != jnp.result_type(table):
+    return "computation dtype differs from the table's dtype"
+  if module.promote_dtype is not flax_dtypes.promote_dtype:
+    return "custom promote_dtype"
+  return None
+
+
 def _config_reason(kind: str, module: nn.Module, x, variables) -> str | None:
-  """Why this call is not a plain affine map in its parameters, or None."""
+  """Why this call is not a plain affine map in its parameters (a row lookup for Embed), or None."""
+  if kind == "Embed":
+    return _embed_reason(module, x, variables)
   if not isinstance(x, jax.Array) or not jnp.issubdtype(x.dtype, jnp.floating):
     return "input is not a floating-point array"
   if set(variables) != _expected_params(kind, module):
@@ -166,9 +226,14 @@ def _config_reason(kind: str, module: nn.Module, x, variables) -> str | None:
     return "computation dtype differs from the input dtype"
   if module.promote_dtype is not flax_dtypes.promote_dtype:
     return "custom promote_dtype"
-  if kind == "Dense":
+  if kind in ("Dense", "DenseGeneral"):
     if module.dot_general is not None or module.dot_general_cls is not None:
       return "custom dot_general"
+    if kind == "DenseGeneral":
+      if module.batch_dims not in ((), []):
+        return "batch_dims (a kernel per index of the leading axes)"
+      if 0 in _contracted(module, x.ndim):
+        return "contracts the example axis"
     return None
   if module.feature_group_count != 1:
     return "feature_group_count != 1"
@@ -217,7 +282,7 @@ def _single_loss(loss_fn: LossFn, params: PyTree, example: PyTree) -> jax.Array:
 
 
 def _discover(loss_fn, treedef, leaf_avals, example_avals) -> list[_Call]:
-  """All Dense / Conv / Conv2D calls of one example's loss, with static facts."""
+  """All Dense / DenseGeneral / Conv / Conv2D / Embed calls of one example's loss, with static facts."""
   calls = []
 
   def fun(leaves, example):
@@ -234,7 +299,9 @@ def _discover(loss_fn, treedef, leaf_avals, example_avals) -> list[_Call]:
       if nested:
         reason = "called inside a JAX transform within the loss (lifted transform?)"
       y = next_fun(*args, **kwargs)
-      if reason is None and (not isinstance(y, jax.Array) or y.dtype != x.dtype):
+      # The output has the parameters' dtype (an Embed's input is integer).
+      if reason is None and (not isinstance(y, jax.Array)
+                             or y.dtype != jnp.result_type(variables[_weight_of(kind)])):
         reason = "unexpected output"
       # Only eligible calls keep a clone: others may hold this trace's values.
       calls.append(_Call(key=key, kind=kind,
@@ -253,7 +320,7 @@ def _discover(loss_fn, treedef, leaf_avals, example_avals) -> list[_Call]:
   users = collections.Counter(i for c in calls for i in c.params.values())
   for c in calls:
     if c.reason is None and any(users[i] > 1 for i in c.params.values()):
-      c.reason = "parameters shared with another Dense/Conv call"
+      c.reason = "parameters shared with another Embed/Dense/Conv call"
   return calls
 
 
@@ -314,16 +381,30 @@ class _Cost(NamedTuple):
   less_work: bool      # ||r||^2 ||g||^2 (T = 1) or the Gram form; the R^T G form is vmap's work and more
 
 
+def _geometry(call: _Call, weight_shape: tuple) -> tuple[int, int, int]:
+  """(T, d_in, d_out) of an eligible call: its positions, a row's length (1 for an Embed, whose
+  rows are one-hot), and the size of its output features."""
+  features = _feature_axes(call.kind, call.module)
+  shape = call.out.shape  # one example's output (a batch of one)
+  d_out = math.prod(shape[len(shape) - features:])
+  t = math.prod(shape[:len(shape) - features])
+  return t, 1 if call.kind == "Embed" else math.prod(weight_shape) // d_out, d_out
+
+
 def _cost(call: _Call, leaf_avals: list) -> _Cost:
-  kernel = leaf_avals[call.params["kernel"]]
-  item = jnp.dtype(kernel.dtype).itemsize
-  d_out = call.out.shape[-1]
-  d_in, t = math.prod(kernel.shape) // d_out, math.prod(call.out.shape[1:-1])
+  weight = leaf_avals[call.params[_weight_of(call.kind)]]
+  item = jnp.dtype(weight.dtype).itemsize
+  t, d_in, d_out = _geometry(call, weight.shape)
+  gradient_bytes = item * sum(math.prod(leaf_avals[i].shape) for i in call.params.values())
+  if call.kind == "Embed":
+    # The Gram form over token equality (T^2 d work) against a (V, d) gradient per example.
+    return _Cost(gradient_bytes=gradient_bytes, ghost_bytes=item * (t * d_out + 2 * t * t + t),
+                 less_work=t * t < weight.shape[0])
   gram = _uses_gram(t, d_in, d_out)
   norms = 0 if t == 1 else 2 * t * t if gram else d_in * d_out
-  patches = 0 if call.kind == "Dense" else t * d_in  # a Dense layer's rows are its input
-  return _Cost(gradient_bytes=item * sum(math.prod(leaf_avals[i].shape) for i in call.params.values()),
-               ghost_bytes=item * (t * d_out + patches + norms), less_work=t == 1 or gram)
+  patches = t * d_in if call.kind in ("Conv", "Conv2D") else 0  # a Dense layer's rows are its input
+  return _Cost(gradient_bytes=gradient_bytes, ghost_bytes=item * (t * d_out + patches + norms),
+               less_work=t == 1 or gram)
 
 
 def _choose(loss_fn, treedef, leaf_avals, example_avals, calls: list[_Call]) -> None:
@@ -368,7 +449,7 @@ def _analyse(loss_fn: LossFn, params: PyTree, batch: PyTree, auto: bool = False)
   _check_sole_use(loss_fn, treedef, leaf_avals, example_avals, calls)
   if auto:
     _choose(loss_fn, treedef, leaf_avals, example_avals, calls)
-  return calls, names, treedef
+  return calls, names, treedef, leaf_avals
 
 
 def ghost_layers(loss_fn: LossFn, params: PyTree, batch: PyTree, *, auto: bool = False) -> GhostSplit:
@@ -396,14 +477,15 @@ def ghost_layers(loss_fn: LossFn, params: PyTree, batch: PyTree, *, auto: bool =
     >>> ghost_layers(loss_fn, params, jnp.ones((8, 4))).fallback_leaves
     ()
   """
-  calls, names, _ = _analyse(loss_fn, params, batch, auto)
+  calls, names, _, leaf_avals = _analyse(loss_fn, params, batch, auto)
   layers = tuple(GhostLayer(module=c.key[0], call=c.key[1], kind=c.kind,
                             leaves=tuple(names[i] for i in sorted(c.params.values())),
                             reason=c.reason) for c in calls)
   ghost = {i for c in calls if c.reason is None for i in c.params.values()}
   return GhostSplit(layers=layers,
                     ghost_leaves=tuple(n for i, n in enumerate(names) if i in ghost),
-                    fallback_leaves=tuple(n for i, n in enumerate(names) if i not in ghost))
+                    fallback_leaves=tuple(n for i, n in enumerate(names) if i not in ghost),
+                    norm_bytes=sum(_cost(c, leaf_avals).ghost_bytes for c in calls if c.reason is None))
 
 
 def _rows(call: _Call, x: jax.Array) -> jax.Array:
@@ -415,6 +497,11 @@ def _rows(call: _Call, x: jax.Array) -> jax.Array:
   module = call.module
   if call.kind == "Dense":
     return x.reshape(b, -1, x.shape[-1])
+  if call.kind == "DenseGeneral":
+    # The contracted axes last, in the kernel's order: the output is the other axes, then features.
+    axes = tuple(a + 1 for a in _contracted(module, x.ndim - 1))
+    rest = tuple(a for a in range(1, x.ndim) if a not in axes)
+    return jnp.transpose(x, (0,) + rest + axes).reshape(b, -1, math.prod(x.shape[a] for a in axes))
   if call.kind == "Conv2D":
     patches = jaxdp_layers.extract_patches(x.reshape((-1,) + x.shape[-3:]), module.kernel_size,
                                            module.strides, module.padding)
@@ -511,7 +598,7 @@ def _kernel_part(call: _Call, inputs: jax.Array, cots: jax.Array, d_in: int) -> 
   A row holding a non-finite value gets a NaN bound (it then contributes 0).
   """
   b, t, d_out = cots.shape
-  if t > 1 and _uses_gram(t, d_in, d_out):
+  if call.kind == "Embed" or (t > 1 and _uses_gram(t, d_in, d_out)):
     return _gram_part(call, inputs, cots)
   rows = _rows(call, inputs).astype(jnp.promote_types(inputs.dtype, jnp.float32))
   cots = cots.astype(jnp.promote_types(cots.dtype, jnp.float32))
@@ -527,14 +614,29 @@ def _kernel_part(call: _Call, inputs: jax.Array, cots: jax.Array, d_in: int) -> 
   return _KernelPart(bound=bound, rows=rows, cots=cots, per_example=None)
 
 
+def _token_rows(call: _Call, tokens: jax.Array) -> jax.Array:
+  """(b, T) the table row each token reads, as the layer's `jnp.take` reads it (a negative id
+  wraps), or -1 where it reads none (an id out of range: the lookup gives NaN)."""
+  rows = jnp.arange(call.module.num_embeddings, dtype=jnp.int32)
+  return jnp.take(rows, tokens.reshape(tokens.shape[0], -1), axis=0, mode="fill", fill_value=-1)
+
+
 def _gram_part(call: _Call, inputs: jax.Array, cots: jax.Array) -> _KernelPart:
-  """The T > 1 Gram form of `_kernel_part`, on per-example scaled inputs and cotangents."""
-  inputs, e_rows, finite_rows = _normalise(inputs)
-  rows = _rows(call, inputs)
+  """The Gram form of `_kernel_part` (T > 1, or any Embed), on per-example scaled inputs and
+  cotangents. An Embed's rows are one-hot, so r_t . r_s = [row_t = row_s] exactly: its part
+  keeps the (b, T) rows read (`_token_rows`) instead of rows."""
   cots, e_cots, finite_cots = _normalise(cots)
-  b, t, d_in = rows.shape
-  d_out = cots.shape[2]
-  rr = jnp.einsum("btk,bsk->bts", rows, rows, precision=_HIGHEST)
+  b, t, d_out = cots.shape
+  if call.kind == "Embed":
+    rows = _token_rows(call, inputs)
+    read = rows >= 0
+    rr = ((rows[:, :, None] == rows[:, None, :]) & read[:, :, None]).astype(cots.dtype)
+    e_rows, finite_rows, d_in = jnp.zeros((b,), jnp.int32), True, 1
+  else:
+    inputs, e_rows, finite_rows = _normalise(inputs)
+    rows = _rows(call, inputs)
+    d_in = rows.shape[2]
+    rr = jnp.einsum("btk,bsk->bts", rows, rows, precision=_HIGHEST)
   gg = jnp.einsum("bto,bso->bts", cots, cots, precision=_HIGHEST)
   # Two stages (the barrier keeps XLA from merging them): a term passes at most
   # 2T additions, not T^2.
@@ -557,7 +659,7 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
   """Sum over the unmasked examples of their clipped gradients, by ghost clipping.
 
   A drop-in for `clipping.clipped_grad_sum`: same arguments, same result up
-  to float rounding and the slack of each path's norm bound, but eligible Dense / Conv / Conv2D layers (see
+  to float rounding and the slack of each path's norm bound, but eligible Embed / Dense / DenseGeneral / Conv / Conv2D layers (see
   `ghost_layers`) never hold per-example weight gradients, so memory grows
   with the activations instead of with b x the parameter count.  Without any
   eligible layer this is `clipping.clipped_grad_sum`.
@@ -603,7 +705,7 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
       traces (its calls must depend on shapes only).
   """
   clipping.check_clip_norm(l2_clip_norm)
-  calls, _, treedef = _analyse(loss_fn, params, batch, auto)
+  calls, _, treedef, _ = _analyse(loss_fn, params, batch, auto)
   ghost_calls = [c for c in calls if c.reason is None]
   if not ghost_calls:
     return clipping.clipped_grad_sum(loss_fn, params, batch, mask, l2_clip_norm)
@@ -613,10 +715,9 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
   fallback_idx = [i for i in range(len(leaves)) if i not in ghost_idx]
   inputs, fallback_grads, cots = _per_example_pieces(loss_fn, leaves, treedef, ghost_calls,
                                                      fallback_idx, batch)
-  cots = {j: c.reshape(b, -1, c.shape[-1]) for j, c in cots.items()}  # (b, T, d_out)
-  # d_in: the kernel's size over d_out, a row's length (as in `_cost`).
-  kernels = [_kernel_part(call, inputs[j], cots[j], leaves[call.params["kernel"]].size // cots[j].shape[-1])
-             for j, call in enumerate(ghost_calls)]
+  geometry = [_geometry(call, jnp.shape(leaves[call.params[_weight_of(call.kind)]])) for call in ghost_calls]
+  cots = {j: c.reshape(b, -1, geometry[j][2]) for j, c in cots.items()}  # (b, T, d_out)
+  kernels = [_kernel_part(call, inputs[j], cots[j], geometry[j][1]) for j, call in enumerate(ghost_calls)]
   # A bias gradient sum_t g_t is materialised (b, d_out): its norm is that of the values summed.
   biases = {j: _bias_part(cots[j]) for j, call in enumerate(ghost_calls) if "bias" in call.params}
   bounds = [k.bound for k in kernels] + [bias.bound for bias in biases.values()]
@@ -691,8 +792,14 @@ def _per_example_pieces(loss_fn: LossFn, leaves: list, treedef, ghost_calls: lis
 def _add_kernel_sum(out: list, call: _Call, kernel: _KernelPart, scale: jax.Array, keep: jax.Array) -> None:
   """Writes one ghost call's clipped kernel sum into `out`: the book-keeping contraction
   sum_i R_i^T (s_i G_i) (Gram form) or the weighted sum of the materialised R_i^T G_i."""
-  index = call.params["kernel"]
-  if kernel.per_example is not None:
+  index = call.params[_weight_of(call.kind)]
+  if call.kind == "Embed":
+    # Scattered into the rows read, as the lookup's own gradient is: what is normed is what is added.
+    use = keep[:, None] & (kernel.rows >= 0)
+    cots = jnp.where(use[..., None], kernel.cots, 0.0) * scale[:, None, None].astype(kernel.cots.dtype)
+    summed = jnp.zeros(out[index].shape, cots.dtype).at[jnp.where(use, kernel.rows, 0).reshape(-1)].add(
+        cots.reshape(-1, cots.shape[-1]))
+  elif kernel.per_example is not None:
     summed = clipping.weighted_sum([kernel.per_example], scale, kernel.bound.norm)[0]
   else:
     rows_keep = keep[:, None, None]

@@ -56,7 +56,7 @@ def _jaxpr_bytes(jaxpr) -> int:
 
 
 def per_example_bytes(loss_fn: Callable[..., jax.Array], params: PyTree, example: PyTree,
-                      *constants: PyTree, without: tuple = ()) -> int:
+                      *constants: PyTree, without: tuple = (), extra: int = 0) -> int:
   """Bytes of every value in the gradient of one example's loss (traced, not run).
 
   Args:
@@ -68,18 +68,30 @@ def per_example_bytes(loss_fn: Callable[..., jax.Array], params: PyTree, example
       (frozen parameters), arrays or `jax.ShapeDtypeStruct`s.
     without: leaves of `params` (`jax.tree_util.keystr` paths) whose
       per-example gradients are never materialised (ghost clipping's layers,
-      `jaxdp.train.ghost.ghost_layers(...).ghost_leaves`): their bytes are
-      not counted.
+      `jaxdp.train.ghost.ghost_layers(...).ghost_leaves`): they are not
+      differentiated, so neither their gradients nor the buffers that build
+      them (an embedding's vocabulary-sized scatter) are counted.
+    extra: bytes to add for what replaces those gradients
+      (`GhostSplit.norm_bytes`: cotangents, patches, Gram matrices).
 
   Returns:
     A positive int.
   """
-  closed = jax.make_jaxpr(jax.grad(lambda p, b, *c: loss_fn(p, b, *c)[0]))(params, example, *constants)
   skipped = set(without)
-  saved = sum(math.prod(leaf.shape) * leaf.dtype.itemsize
-              for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-              if jax.tree_util.keystr(path) in skipped)
-  return max(1, _jaxpr_bytes(closed.jaxpr) - saved)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  differentiated = [jax.tree_util.keystr(path) not in skipped for path, _ in flat]
+
+  def merged(diff, fixed):
+    diff, fixed = iter(diff), iter(fixed)
+    return treedef.unflatten([next(diff) if d else next(fixed) for d in differentiated])
+
+  def gradient(diff, fixed, b, *c):
+    return jax.grad(lambda d: loss_fn(merged(d, fixed), b, *c)[0])(diff)
+
+  leaves = [leaf for _, leaf in flat]
+  closed = jax.make_jaxpr(gradient)([x for x, d in zip(leaves, differentiated) if d],
+                                    [x for x, d in zip(leaves, differentiated) if not d], example, *constants)
+  return max(1, _jaxpr_bytes(closed.jaxpr) + int(extra))
 
 
 def budget_bytes(device: jax.Device | None = None) -> int:

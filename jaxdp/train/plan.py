@@ -94,7 +94,7 @@ class DpSgdPlan:
     """Clipped per-example gradient sum of `loss_fn(params, batch) -> (b,)`; sensitivity C.
 
     `method` 'vmap' clips vmap per-example gradients; 'ghost' computes the
-    norms of Dense/Conv layers without materialising their per-example
+    norms of Embed/Dense/DenseGeneral/Conv layers without materialising their per-example
     gradients (`jaxdp.train.ghost`); 'auto' (default) chooses between the two
     per layer from their per-example bytes and work (`ghost_clipped_grad_sum`
     with `auto=True`). Every way, every example's contribution is clipped to

@@ -224,7 +224,7 @@ def _per_example_bytes(task: Task, static_hparams: tuple, train: PyTree) -> Opti
     split = _ghost_split(task, model, trained, frozen, example)
     return microbatching.per_example_bytes(
         lambda t, b, f: trainable_lib.partial_loss(loss, f)(t, b), trained, example, frozen,
-        without=() if split is None else split.ghost_leaves)
+        without=() if split is None else split.ghost_leaves, extra=0 if split is None else split.norm_bytes)
   except Exception:  # pylint: disable=broad-except
     return None
 
@@ -243,26 +243,30 @@ def _ghost_split(task: Task, model, trained: PyTree, frozen: PyTree, example: Py
   return found[0]
 
 
-def clipping_layers(spec: LoopSpec, train: PyTree) -> tuple:
-  """(module path, 'ghost', 'per-example' or 'frozen', why) for each Dense/Conv call under the
-  spec's `Task.clipping`, in call order; () for 'vmap' (every parameter per-example)."""
+def clipping_paths(spec: LoopSpec, train: PyTree) -> tuple:
+  """(parameter path, 'ghost', 'per-example' or 'frozen', why) for every parameter of the spec's
+  model, in tree order, under its `Task.clipping` and `Task.trainable` (what a dry run prints)."""
   example = abstract(train, rows=1)
   model = spec.model()
   params = _abstract_params(spec.task, model, example)
-  trained, frozen = trainable_lib.partition(params, spec.task.trainable_mask(params))
+  leaf_mask = spec.task.trainable_mask(params)
+  trained, frozen = trainable_lib.partition(params, leaf_mask)
   split = _ghost_split(spec.task, model, trained, frozen, example)
-  if split is None:
-    return ()
-  training = {trainable_lib.path_str(path) for path, leaf in jax.tree_util.tree_leaves_with_path(trained)}
-
-  def path(layer):
-    if layer.reason is None:
-      return "ghost", ""
-    if not any(p.startswith(f"params/{layer.module}/") for p in training):
-      return "frozen", "no trainable parameter"
-    return "per-example", layer.reason
-  return tuple((layer.module if layer.call == 0 else f"{layer.module} (call {layer.call})", *path(layer))
-               for layer in split.layers)
+  calls = {}  # a trained leaf's keystr -> the Embed/Dense/DenseGeneral/Conv call reading it
+  for layer in () if split is None else split.layers:
+    call = f"{layer.kind} {layer.module!r}" + (f" (call {layer.call})" if layer.call else "")
+    for leaf in layer.leaves:
+      calls[leaf] = ("ghost", call) if layer.reason is None else ("per-example", f"{call}: {layer.reason}")
+  out = []
+  for (path, _), trains in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(leaf_mask)):
+    if not trains:
+      out.append((trainable_lib.path_str(path), "frozen", "Task.trainable leaves it out"))
+    elif split is None:
+      out.append((trainable_lib.path_str(path), "per-example", "Task(clipping='vmap')"))
+    else:
+      out.append((trainable_lib.path_str(path), *calls.get(
+          jax.tree_util.keystr(path), ("per-example", "no Embed/Dense/DenseGeneral/Conv call reads it alone"))))
+  return tuple(out)
 
 
 def per_example_bytes(spec: LoopSpec, train: PyTree) -> Optional[int]:

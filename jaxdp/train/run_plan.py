@@ -21,7 +21,7 @@ from jaxdp.data import Dataset
 from jaxdp.train import checks
 from jaxdp.train.config import TrainConfig, epsilon
 from jaxdp.train.plan import DpSgdPlan
-from jaxdp.train.program import LoopSpec, abstract, clipping_layers, param_shapes
+from jaxdp.train.program import LoopSpec, abstract, clipping_paths, param_shapes
 
 PyTree = Any
 
@@ -67,9 +67,9 @@ class RunPlan:
 
   @functools.cached_property
   def clipping(self) -> tuple:
-    """(layer, 'ghost', 'per-example' or 'frozen', why) per Dense/Conv call (traced on demand:
-    only a dry run prints it)."""
-    return clipping_layers(self.spec, self.example)
+    """(parameter path, 'ghost', 'per-example' or 'frozen', why) per parameter (traced on
+    demand: only a dry run prints it)."""
+    return clipping_paths(self.spec, self.example)
 
   def with_noise(self, config: TrainConfig) -> "RunPlan":
     """This run with `config`, which differs from `self.config` in its noise multiplier only

@@ -164,13 +164,15 @@ def poisson_batch_sum(key: jax.Array, fn: Callable[[jax.Array, jax.Array], PyTre
                       microbatch_size: int, axis_name: Optional[str] = None) -> tuple[PyTree, jax.Array]:
   """Sums `fn(indices, valid)` over all microbatches of one Poisson sample.
 
-  The sampled indices are cut into microbatches k = 0, 1, ... of m rows. With
+  The sampled indices (ascending, then padding) are cut into microbatches
+  k = 0, 1, ... of m rows, and only the microbatches holding a sampled row
+  are computed: ceil(B / m) of them for a realised batch of B rows, so a
+  padded batch P above B costs at most m - 1 rows of padding, not P - B. With
   `axis_name` (inside `jax.shard_map`, data parallelism over that mesh axis of
-  D devices) device d sums microbatches k = d, d + D, d + 2D, ...: the common
-  path's and the overflow's alike, so the devices' shares are disjoint and
-  together cover every sampled row. The shares are then added with one
-  `psum`, before anything else happens to the sum (in DP-SGD: before the
-  noise).
+  D devices) device d sums microbatches k = d, d + D, d + 2D, ..., so the
+  devices' shares are disjoint and together cover every sampled row. The
+  shares are then added with one `psum`, before anything else happens to the
+  sum (in DP-SGD: before the noise).
 
   Args:
     key: PRNG key for this step's sample. With `axis_name` it must be the same
@@ -179,7 +181,8 @@ def poisson_batch_sum(key: jax.Array, fn: Callable[[jax.Array, jax.Array], PyTre
       must give rows with valid False zero weight.  The outputs are summed.
     num_examples: N, static.
     sampling_prob: q (a float or a traced scalar).
-    padded_batch_size: P, static, multiple of `microbatch_size`.
+    padded_batch_size: P, static, multiple of `microbatch_size`: sizes the
+      index buffer (its microbatches are what every device can take).
     microbatch_size: m, static.
     axis_name: None (default): one device sums every microbatch. Otherwise
       the name of a `shard_map` mesh axis over which the microbatches are
@@ -196,9 +199,13 @@ def poisson_batch_sum(key: jax.Array, fn: Callable[[jax.Array, jax.Array], PyTre
     Every sampled example is in exactly one microbatch, and every microbatch
     holding a sampled example is summed exactly once (on exactly one device):
     nothing is dropped or counted twice, however far the sample overflows the
-    padding. The sample is `poisson_mask(key, N, q)`, whatever the number of
-    devices. Data parallelism changes only the order in which float sums are
-    added (per device, then across devices), never which terms are added.
+    padding. A microbatch of padding only is skipped: `fn` gives its rows
+    zero weight, so it would add exact zeros. The sample is
+    `poisson_mask(key, N, q)`, whatever the number of devices. Data
+    parallelism changes only the order in which float sums are added (per
+    device, then across devices), never which terms are added. How many
+    microbatches run depends on B, so a step's duration does too: like the
+    job's duration, it is not covered by epsilon (README, threat model).
   """
   validate_batch_sizes(padded_batch_size, microbatch_size)
   m = microbatch_size
@@ -219,17 +226,8 @@ def poisson_batch_sum(key: jax.Array, fn: Callable[[jax.Array, jax.Array], PyTre
     start = start_of(j)
     return fn(jax.lax.dynamic_slice_in_dim(idx, start, m), start + positions < count)
 
-  if per_shard == 1:
-    total = chunk(jnp.int32(0))
-  else:
-    def scan_body(acc, j):
-      return jax.tree.map(jnp.add, acc, chunk(j)), None
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                         jax.eval_shape(chunk, jnp.int32(0)))
-    total, _ = jax.lax.scan(scan_body, zeros, jnp.arange(per_shard, dtype=jnp.int32))
-
-  # Overflow beyond the padding: rare, but processed in full, never dropped.
-  # Each device loops over its own overflow microbatches (no collective inside).
+  # The microbatches holding sampled rows, common path and overflow beyond the
+  # padding alike; each device loops over its own (no collective inside).
   def cond(carry):
     j, _ = carry
     return start_of(j) < count
@@ -238,7 +236,8 @@ def poisson_batch_sum(key: jax.Array, fn: Callable[[jax.Array, jax.Array], PyTre
     j, acc = carry
     return j + 1, jax.tree.map(jnp.add, acc, chunk(j))
 
-  _, total = jax.lax.while_loop(cond, body, (jnp.int32(per_shard), total))
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(chunk, jnp.int32(0)))
+  _, total = jax.lax.while_loop(cond, body, (jnp.int32(0), zeros))
   if axis_name is not None:
     total = jax.lax.psum(total, axis_name)
   return total, count

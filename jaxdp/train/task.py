@@ -379,12 +379,13 @@ class Task:
       (default): per layer, whichever of the two below needs fewer
       per-example bytes and less work, from the layers' shapes and the
       device's memory (`jaxdp.train.ghost.ghost_clipped_grad_sum`); the dry
-      run names each layer's path. 'vmap': `jax.vmap` per-example gradients
-      of every parameter. 'ghost': per-example norms of every eligible
-      `flax.linen.Dense`, `flax.linen.Conv` and `jaxdp.models.Conv2D` layer
-      without materialising its per-example gradients (`jaxdp.train.ghost`),
-      vmap for every other parameter; for wide layers it needs a fraction of
-      the memory.
+      run names each parameter's path and why. 'vmap': `jax.vmap`
+      per-example gradients of every parameter. 'ghost': per-example norms of
+      every eligible `flax.linen.Dense`, `flax.linen.DenseGeneral` (attention
+      projections), `flax.linen.Conv`, `jaxdp.models.Conv2D` and
+      `flax.linen.Embed` layer without materialising its per-example
+      gradients (`jaxdp.train.ghost`), vmap for every other parameter; for
+      wide layers and large vocabularies it needs a fraction of the memory.
     trainable: which parameters train (`jaxdp.train.trainable`): None (all),
       a predicate on '/'-joined paths (e.g. `lambda path:
       path.startswith("params/head/")`, or `jaxdp.models.lora.adapters`), or

@@ -125,8 +125,8 @@ class Group:
     padded_batch_size: rows per step on the common path.
     auto_static: (name, why) of each float made static because the optimizer
       factory needs its value (`jaxdp.train.Task.concrete_hparams`).
-    clipping: (layer, 'ghost', 'per-example' or 'frozen', why) for each
-      Dense/Conv call, the path `Task.clipping` takes for it (() for 'vmap').
+    clipping: (parameter path, 'ghost', 'per-example' or 'frozen', why) for
+      every parameter: the path `Task.clipping` and `Task.trainable` give it.
     microbatch_size: rows per per-example-gradient call.
   """
   static: Mapping[str, Any]
@@ -191,8 +191,7 @@ class DryRun:
       lines.append(f"  {g.grid_points} grid point(s), static {dict(g.static)}, traced "
                    f"{list(g.traced)}, q={g.sampling_prob:.4g}, steps={g.steps}, "
                    f"padded batch={g.padded_batch_size}, microbatch={g.microbatch_size}")
-      lines += [f"    clipping {layer}: {path}" + (f" ({why})" if why else "")
-                for layer, path, why in g.clipping]
+      lines += [f"    clipping {param}: {path} ({why})" for param, path, why in g.clipping]
     return "\n".join(lines)
 
 

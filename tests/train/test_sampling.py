@@ -46,6 +46,22 @@ def test_every_sampled_example_is_processed_exactly_once_even_past_the_padding(p
   assert int(size) == mask.sum()
 
 
+@pytest.mark.parametrize("q", [0.0, 0.1, 0.5])
+def test_only_the_microbatches_holding_sampled_rows_are_computed(q):
+  # Each computed microbatch adds 1 to the second output: ceil(B / m) of them, whatever the padding.
+  n, padded, micro = 50, 40, 4
+  def fn(idx, valid):
+    return jnp.zeros(n).at[idx].add(valid.astype(jnp.float32)), jnp.int32(1)
+
+  for seed in range(3):
+    key = jax.random.key(seed)
+    (counts, calls), size = jax.jit(lambda k: sampling.poisson_batch_sum(
+        k, fn, num_examples=n, sampling_prob=q, padded_batch_size=padded, microbatch_size=micro))(key)
+    mask = np.asarray(sampling.poisson_mask(key, n, q))
+    np.testing.assert_array_equal(np.asarray(counts), mask.astype(np.float32))
+    assert int(calls) == -(-int(mask.sum()) // micro) and int(size) == mask.sum()
+
+
 def test_overflow_is_actually_exercised():
   # Guards the test above: with q = 0.5 and padding 4 the sample overflows.
   assert int(sampling.poisson_mask(jax.random.key(7), 50, 0.5).sum()) > 8

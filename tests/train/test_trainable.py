@@ -181,9 +181,10 @@ def test_auto_clipping_of_a_frozen_backbone_names_it_frozen(digits):
   # The analysis traces the loss with the frozen leaves as abstract constants (no memory).
   task = _task(_head_only, "auto")
   spec = program.LoopSpec.from_config(_config(task), digits)
-  layers = program.clipping_layers(spec, digits.train)
-  assert [(layer, path) for layer, path, _ in layers] == [
-      ("backbone/body0", "frozen"), ("backbone/body1", "frozen"), ("head", "ghost")]
+  paths = program.clipping_paths(spec, digits.train)
+  assert [(param, path) for param, path, _ in paths] == [
+      (f"params/{layer}/{leaf}", path) for layer, path in
+      (("backbone/body0", "frozen"), ("backbone/body1", "frozen"), ("head", "ghost")) for leaf in ("bias", "kernel")]
   # The microbatch counts no per-example gradient of the head, whose norm is a ghost norm.
   assert program.per_example_bytes(spec, digits.train) < program.per_example_bytes(
       program.LoopSpec.from_config(_config(_task(_head_only, "vmap")), digits), digits.train)

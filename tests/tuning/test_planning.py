@@ -267,21 +267,23 @@ def test_dry_run_groups_and_compute(no_work, user_config, user_data):
   assert text.startswith(f"private random search: epsilon={plan.epsilon:.4f} at delta=1e-05")
   assert "8 compiled group(s):" in text and "E[K]=3" in text and "E[per-example gradients]=900" in text
   assert text.count("3 grid point(s), static {'width': ") == 8
-  # Task(clipping="auto") by default: each group names every Dense call's path and why.
+  # Task(clipping="auto") by default: each group names every parameter's path and why.
   for g in groups:
-    assert [(layer, path) for layer, path, _ in g.clipping] == [("hidden", "ghost"), ("out", "ghost")]
+    assert [(param, path) for param, path, _ in g.clipping] == [
+        (f"params/{layer}/{leaf}", "ghost") for layer in ("hidden", "out") for leaf in ("bias", "kernel")]
     assert g.microbatch_size == g.padded_batch_size  # this small model fits one microbatch
-  assert text.count("    clipping hidden: ghost") == 8
+  assert text.count("    clipping params/hidden/kernel: ghost (Dense 'hidden')") == 8
 
 
 @pytest.mark.slow  # two more dry runs (the default's layers are checked in the test above)
 def test_dry_run_names_the_forced_clipping_path(no_work, user_config, user_data):
   import dataclasses  # pylint: disable=g-import-not-at-top
   vmap = user_config.replace(task=dataclasses.replace(user_config.task, clipping="vmap"))
-  assert dry_run(vmap, LR, user_data, repetitions=REPS).groups[0].clipping == ()
+  assert {(path, why) for _, path, why in dry_run(vmap, LR, user_data, repetitions=REPS).groups[0].clipping} == {
+      ("per-example", "Task(clipping='vmap')")}
   ghost = user_config.replace(task=dataclasses.replace(user_config.task, clipping="ghost"))
   assert [path for _, path, _ in dry_run(ghost, LR, user_data, repetitions=REPS).groups[0].clipping] == [
-      "ghost", "ghost"]
+      "ghost"] * 4
 
 
 # --- Bad input is refused by every tuner before K is drawn or anything trains. ---
