@@ -101,9 +101,9 @@ def _measure(path: str, batch: int, model_name: str, width: int, image_size: int
   data = (jax.random.normal(jax.random.key(1), (batch,) + shape), jnp.arange(batch) % NUM_CLASSES)
   micro, method = batch, METHODS.get(path)
   if method is not None:  # the library's own microbatch, as train_candidate picks it
-    without = () if method == "vmap" else ghost.ghost_layers(loss_fn, params, data,
-                                                             auto=method == "auto").ghost_leaves
-    micro = microbatching.microbatch_size_for(loss_fn, params, data, without=without)
+    split = None if method == "vmap" else ghost.ghost_layers(loss_fn, params, data, auto=method == "auto")
+    micro = microbatching.microbatch_size_for(loss_fn, params, data, without=split.ghost_leaves if split else (),
+                                              extra=split.norm_bytes if split else 0)
   plan = DpSgdPlan(l2_clip_norm=L2_CLIP_NORM, noise_multiplier=NOISE_MULTIPLIER, sampling_prob=1.0,
                    num_steps=1, num_examples=batch)
   summed = plan.clipped_grad(loss_fn, method=method or "vmap").fn

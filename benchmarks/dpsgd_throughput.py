@@ -68,9 +68,10 @@ def _steps(conv_impl: str, batch: int, microbatch: int | None, image_size: int, 
   data = DataSplit(x, jnp.arange(batch) % 10)
   params = jax.jit(model.init)(jax.random.key(2), x[:1])
   if microbatch is None:  # what the trainer picks for a padded batch of this size
-    without = () if clipping == "vmap" else ghost.ghost_layers(loss_fn, params, data,
-                                                               auto=clipping == "auto").ghost_leaves
-    microbatch = microbatching.microbatch_size_for(loss_fn, params, data, without=without)
+    split = None if clipping == "vmap" else ghost.ghost_layers(loss_fn, params, data, auto=clipping == "auto")
+    microbatch = microbatching.microbatch_size_for(loss_fn, params, data,
+                                                   without=split.ghost_leaves if split else (),
+                                                   extra=split.norm_bytes if split else 0)
   # q = 1 on N = batch examples: every example is sampled and the privatizer
   # divides the noisy sum by q*N = the batch.
   plan = DpSgdPlan(l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=1.0, num_steps=1,

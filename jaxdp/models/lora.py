@@ -115,7 +115,7 @@ class LoRADenseGeneral(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     scale = _scale(self.rank, self.alpha)
     features = _as_tuple(self.features)
-    axis = tuple(a % x.ndim for a in _as_tuple(self.axis))
+    axis = tuple(sorted(a % x.ndim for a in _as_tuple(self.axis)))  # as DenseGeneral's kernel lays them out
     contracted = tuple(x.shape[a] for a in axis)
 
     def flat(init, fan):  # DenseGeneral initialises the flattened (d_in, d_out) matrix

@@ -167,9 +167,10 @@ def _feature_axes(kind: str, module: nn.Module) -> int:
 
 
 def _contracted(module: nn.Module, ndim: int) -> tuple[int, ...]:
-  """A DenseGeneral's contracted input axes, non-negative, in the kernel's order."""
+  """A DenseGeneral's contracted input axes, non-negative, in the kernel's order: ascending,
+  whatever order `axis` names them in (flax sorts them)."""
   axis = module.axis if isinstance(module.axis, (tuple, list)) else (module.axis,)
-  return tuple(a % ndim for a in axis)
+  return tuple(sorted(a % ndim for a in axis))
 
 
 def _input(args, kwargs):
@@ -293,9 +294,13 @@ def _discover(loss_fn, treedef, leaf_avals, example_avals) -> list[_Call]:
       variables = dict(module.variables.get("params", {}))
       params = {name: ids.get(id(v)) for name, v in variables.items()}
       reason = _config_reason(kind, module, x, variables)
-      if any(i is None for i in params.values()):
+      if all(i is None for i in params.values()):
         # E.g. inside nn.scan / nn.vmap, or under nn.map_variables.
         reason, params = "parameters are not leaves of params (lifted transform?)", {}
+      elif any(i is None for i in params.values()):
+        # Its leaves stay named (and counted as read by this call), so the dry run can say why.
+        reason = ("some of its parameters are not leaves of params (not trained, "
+                  f"{sorted(n for n, i in params.items() if i is None)})")
       if nested:
         reason = "called inside a JAX transform within the loss (lifted transform?)"
       y = next_fun(*args, **kwargs)

@@ -132,14 +132,15 @@ def auto_microbatch_size(padded_batch_size: int, bytes_per_example: int, budget:
 
 
 def microbatch_size_for(loss_fn: Callable[[PyTree, PyTree], jax.Array], params: PyTree,
-                        batch: PyTree, device: jax.Device | None = None, *, without: tuple = ()) -> int:
+                        batch: PyTree, device: jax.Device | None = None, *, without: tuple = (),
+                        extra: int = 0) -> int:
   """The automatic microbatch for a fixed batch of b rows: a divisor of b.
 
   What the trainer picks for `ExecutionConfig(padded_batch_size=b)`, for
-  code that steps a fixed batch itself (the benchmarks); `without` as for
-  `per_example_bytes`.
+  code that steps a fixed batch itself (the benchmarks); `without` and
+  `extra` as for `per_example_bytes`.
   """
   b = jax.tree.leaves(batch)[0].shape[0]
   example = jax.tree.map(lambda leaf: leaf[:1], batch)
-  return auto_microbatch_size(b, per_example_bytes(loss_fn, params, example, without=without),
+  return auto_microbatch_size(b, per_example_bytes(loss_fn, params, example, without=without, extra=extra),
                               budget_bytes(device), divide=True)

@@ -255,8 +255,8 @@ def clipping_paths(spec: LoopSpec, train: PyTree) -> tuple:
   calls = {}  # a trained leaf's keystr -> the Embed/Dense/DenseGeneral/Conv call reading it
   for layer in () if split is None else split.layers:
     call = f"{layer.kind} {layer.module!r}" + (f" (call {layer.call})" if layer.call else "")
-    for leaf in layer.leaves:
-      calls[leaf] = ("ghost", call) if layer.reason is None else ("per-example", f"{call}: {layer.reason}")
+    for leaf in layer.leaves:  # a leaf read by two calls is named by its first
+      calls.setdefault(leaf, ("ghost", call) if layer.reason is None else ("per-example", f"{call}: {layer.reason}"))
   out = []
   for (path, _), trains in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(leaf_mask)):
     if not trains:

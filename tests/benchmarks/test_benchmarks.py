@@ -166,6 +166,23 @@ def test_finetune_benchmark():
   _positive_numbers(out, ["speed_head_only_over_full", "memory_full_over_head_only"])
 
 
+def test_transformer_benchmark():
+  out = _run("benchmarks.transformer", "--quick")
+  assert out["quick"] is True and out["width"] == 32 and out["length"] == 16 and out["batch"] == 32
+  assert [(r["vocab"], r["way"]) for r in out["results"]] == [(512, "full"), (512, "lora")]
+  full, adapted = out["results"]
+  assert full["trainable_params"] == full["params"] and adapted["trainable_params"] < adapted["params"]
+  for r in out["results"]:
+    _positive_numbers(r, ["dp_step_s", "non_private_step_s", "ratio", "per_example_bytes", "microbatch_size",
+                          "dp_compiled_peak_bytes", "non_private_compiled_peak_bytes"])
+    _positive_numbers(r["breakdown"], ["clipped_grad_32_s", "grad_32_s", "noise_s", "expected_rows_per_step",
+                                       "clip_ratio_at_32_rows"])
+    assert r["microbatch_size"] <= r["breakdown"]["expected_rows_per_step"] <= r["padded_batch_size"] * 2
+  # Every parameter is named once; LoRA freezes all but the head (the adapters add 16 leaves).
+  assert full["clipping"]["frozen"] == 0 and adapted["clipping"]["frozen"] == sum(full["clipping"].values()) - 2
+  assert sum(adapted["clipping"].values()) == sum(full["clipping"].values()) + 16
+
+
 def test_paper_epoch_benchmark():
   out = _run("benchmarks.paper_epoch", "--quick")
   assert out["quick"] is True and out["steps"] == 2 and out["input_shape"] == [8, 8, 1]

@@ -107,6 +107,7 @@ class ConvNet(nn.Module):
     return nn.Dense(3)(x.reshape(x.shape[0], -1))
 
 
+@pytest.mark.slow  # 6 s; nn.Conv's ghost path runs in tests/test_adversarial.py's default set (conv-1x1)
 def test_conv_padding_modes_match_vmap_path(random_params):
   x, y = _data((9, 9, 2), 6)
   model = ConvNet()
@@ -155,6 +156,7 @@ class SequenceModel(nn.Module):
     return nn.Dense(3)(h.mean(axis=1))              # T = 1
 
 
+@pytest.mark.slow  # 6 s; test_transformer's forms test covers Embed and Dense in the default run
 def test_sequence_model_mixes_ghost_and_fallback(random_params):
   tokens = jax.random.randint(jax.random.key(0), (6, 6), 0, 11)
   model = SequenceModel()

@@ -63,12 +63,14 @@ def test_every_transformer_form_matches_the_per_example_path(length, random_para
 
 
 class DenseGeneralAxes(nn.Module):
-  """DenseGeneral contracting a middle axis, then the (heads, head_dim) pair of attention's output."""
+  """DenseGeneral contracting a middle axis, then a pair named out of order, then attention's
+  output pair (flax lays a kernel's contracted axes out in ascending order, whatever `axis` says)."""
 
   @nn.compact
   def __call__(self, x):                                      # (b, 3, 4, 5)
     h = jnp.tanh(nn.DenseGeneral((2, 3), axis=1)(x))          # contracts the 3: (b, 4, 5, 2, 3)
-    h = nn.DenseGeneral(4, axis=(-2, -1))(h)                  # (b, 4, 5, 4)
+    h = jnp.tanh(nn.DenseGeneral((3, 2), axis=(-1, -3))(h))   # contracts the 5 and the 3: (b, 4, 2, 3, 2)
+    h = nn.DenseGeneral(4, axis=(-2, -1))(h)                  # (b, 4, 2, 4)
     return nn.Dense(3)(h.mean(axis=(1, 2)))
 
 
@@ -117,6 +119,20 @@ def test_a_table_read_twice_falls_back(model, why, random_params):
   _assert_same(loss, params, batch, jnp.ones(6, bool), relative_clip=0.5)
 
 
+@pytest.mark.parametrize("axis", [-1, (1, 2), (-1, -2)])
+def test_lora_dense_general_loads_a_dense_general(axis):
+  x = jax.random.normal(jax.random.key(0), (2, 3, 4, 4))
+  plain = nn.DenseGeneral((2, 5), axis=axis)
+  public = plain.init(jax.random.key(1), x)
+  adapted = lora.LoRADenseGeneral((2, 5), rank=2, axis=axis)
+  params = adapted.init(jax.random.key(2), x)
+  assert jax.tree.map(jnp.shape, public["params"]) == {
+      k: v for k, v in jax.tree.map(jnp.shape, params["params"]).items() if k in ("kernel", "bias")}
+  params["params"].update(public["params"])
+  np.testing.assert_allclose(adapted.apply(params, x), plain.apply(public, x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow  # 3 s; LoRADenseGeneral's loading is checked in the default run
 def test_self_attention_loads_flax_attention_weights_and_takes_adapters():
   x = jax.random.normal(jax.random.key(0), (2, 5, 8))
   flax_attention = nn.MultiHeadDotProductAttention(num_heads=2)
@@ -184,6 +200,19 @@ def test_auto_clips_a_large_vocabulary_by_its_ghost_norm_and_a_small_table_per_e
   assert by_path["params/positions/embedding"][1].startswith("Embed 'positions': auto:")
   assert {by_path[p] for p in by_path if "/ln_" in p} == {
       ("per-example", "no Embed/Dense/DenseGeneral/Conv call reads it alone")}
+
+
+def test_the_dry_run_says_why_a_kernel_with_a_frozen_bias_is_per_example():
+  data = _data()
+  task = Task(model=_small(), loss=_lora_task().loss, optimizer=_lora_task().optimizer,
+              trainable=lambda path: not path.endswith("/bias"))
+  config = TrainConfig(task=task, l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.25, steps=1,
+                       hparams=dict(learning_rate=0.05))
+  by_path = {param: (path, why) for param, path, why in
+             program.clipping_paths(LoopSpec.from_config(config, data), data.train)}
+  assert by_path["params/head/bias"] == ("frozen", "Task.trainable leaves it out")
+  assert by_path["params/head/kernel"] == (
+      "per-example", "Dense 'head': some of its parameters are not leaves of params (not trained, ['bias'])")
 
 
 def test_the_per_example_working_set_does_not_grow_with_the_vocabulary():
