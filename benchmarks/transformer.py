@@ -32,7 +32,7 @@ microbatch m (only microbatches holding sampled rows run).
   python -m benchmarks.transformer [--vocab 8192 32768] [--steps 20] [--repeats 5] [--microbatch M]
                                    [--quick]
 
-`--quick` (V = 512, width 32, sequence 16, 2 steps, one repeat) only checks that the script
+`--quick` (V = 512, width 32, sequence 16, one block, 2 steps, one repeat) only checks that the script
 still runs; its numbers mean nothing.
 """
 
@@ -89,7 +89,7 @@ def _measure(vocab: int, way: str, args) -> dict:
   labels = (rng.random(EXAMPLES) < 0.5).astype(np.int32)
   data = Dataset(name="random tokens", train=DataSplit(tokens, labels),
                  test=DataSplit(tokens[:256], labels[:256]), num_examples=EXAMPLES, num_classes=2)
-  model = TransformerClassifier(vocab_size=vocab, max_length=args.length, width=args.width,
+  model = TransformerClassifier(vocab_size=vocab, max_length=args.length, width=args.width, depth=args.depth,
                                 num_heads=4, lora_rank=8 if way == "lora" else None)
   trainable = None if way == "full" else (lambda path: lora.adapters(path) or path.startswith("params/head/"))
   cross_entropy = lambda out, b: optax.softmax_cross_entropy_with_integer_labels(out, b[1])
@@ -174,26 +174,28 @@ def main(argv=None) -> int:
   parser.add_argument("--vocab", type=int, nargs="+", default=[8192, 32768], help="vocabulary sizes")
   parser.add_argument("--width", type=int, default=128, help="model width d")
   parser.add_argument("--length", type=int, default=64, help="sequence length T")
+  parser.add_argument("--depth", type=int, default=2, help="transformer blocks")
   parser.add_argument("--steps", type=int, default=20, help="steps per timed call")
   parser.add_argument("--repeats", type=int, default=5, help="timed calls per loop")
   parser.add_argument("--microbatch", type=int, default=None, help="ExecutionConfig.microbatch_size (None: automatic)")
   parser.add_argument("--quick", action="store_true",
-                      help="smoke run: --vocab 512 --width 32 --length 16 --steps 2 --repeats 1")
+                      help="smoke run: --vocab 512 --width 32 --length 16 --depth 1 --steps 2 --repeats 1")
   parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.quick:
-    args.vocab, args.width, args.length, args.steps, args.repeats = [512], 32, 16, 2, 1
+    args.vocab, args.width, args.length, args.depth, args.steps, args.repeats = [512], 32, 16, 1, 2, 1
   if args.one:
     print(json.dumps(_measure(int(args.one[0]), args.one[1], args)))
     return 0
   child_argv = [a for a in argv if a != "--quick"] + (
-      ["--width", "32", "--length", "16", "--steps", "2", "--repeats", "1"] if args.quick else [])
+      ["--width", "32", "--length", "16", "--depth", "1", "--steps", "2", "--repeats", "1"] if args.quick else [])
   results = [_child(vocab, way, child_argv) for vocab in args.vocab for way in WAYS]
   facts = {k[1:]: v for k, v in results[0].items() if k.startswith("_")}
   for r in results:
     for k in [k for k in r if k.startswith("_")]:
       del r[k]
-  print(json.dumps({"width": args.width, "length": args.length, "batch": BATCH, "steps": args.steps,
+  print(json.dumps({"width": args.width, "length": args.length, "depth": args.depth, "batch": BATCH,
+                    "steps": args.steps,
                     "results": results, **facts, "cpu_count": os.cpu_count(), "quick": bool(args.quick)},
                    indent=1))
   return 0
