@@ -3,16 +3,16 @@
 `LoRADense` is a drop-in `flax.linen.Dense`: its own parameters are named as
 Dense's (`kernel`, `bias`), so a pretrained Dense's parameters load into it
 unchanged, and it adds two submodules, `lora_a` (d_in -> r, no bias) and
-`lora_b` (r -> d_out, no bias, zero-initialised):
+`lora_b` (r -> d_out, no bias, zero-initialised), both `DenseGeneral` layers:
 
   y = x W + b + (alpha / r) (x A) B.
 
 At initialisation B = 0, so the layer computes the pretrained function. Train
 only the adapters with `Task(trainable=lora.adapters)`: the frozen W and b get
 no per-example gradient, no noise and no update (see `jaxdp.train.Task`).
-`lora_a` and `lora_b` are plain `flax.linen.Dense` calls, so ghost clipping
-(`Task(clipping="ghost")`) computes their norms without per-example kernel
-gradients.
+`lora_a` and `lora_b` are plain `flax.linen.DenseGeneral` calls, so ghost
+clipping (`Task(clipping="ghost")`) computes their norms without per-example
+kernel gradients.
 
 `LoRADenseGeneral` does the same for `flax.linen.DenseGeneral` (any
 contracted `axis`, any `features` tuple), the layer of attention's
@@ -52,37 +52,6 @@ def _scale(rank: int, alpha: float | None) -> float:
   rank = _validate.integer("rank", rank, low=1)
   alpha = float(rank) if alpha is None else _validate.real("alpha", alpha, low=0.0, low_open=True)
   return alpha / rank
-
-
-class LoRADense(nn.Module):
-  """`flax.linen.Dense` plus a rank-`rank` adapter, scaled by `alpha / rank` (alpha None: 1).
-
-  Attributes:
-    features: output features.
-    rank: the adapter's rank r >= 1.
-    alpha: the adapter's scale numerator (None: r, i.e. scale 1).
-    use_bias: as in Dense.
-    kernel_init, bias_init: as in Dense (the frozen weights' initialisers,
-      used when no pretrained parameters are given).
-  """
-  features: int
-  rank: int
-  alpha: float | None = None
-  use_bias: bool = True
-  kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
-  bias_init: Callable[..., Any] = nn.initializers.zeros_init()
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    scale = _scale(self.rank, self.alpha)
-    kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
-    y = jnp.dot(x, kernel)
-    if self.use_bias:
-      y = y + self.param("bias", self.bias_init, (self.features,), jnp.float32)
-    down = nn.Dense(self.rank, use_bias=False, name="lora_a")(x)
-    up = nn.Dense(self.features, use_bias=False, kernel_init=nn.initializers.zeros_init(),
-                  name="lora_b")(down)
-    return y + scale * up
 
 
 def _as_tuple(value) -> tuple:
@@ -130,6 +99,21 @@ class LoRADenseGeneral(nn.Module):
     up = nn.DenseGeneral(features, use_bias=False, kernel_init=nn.initializers.zeros_init(),
                          name="lora_b")(down)
     return y + scale * up
+
+
+class LoRADense(LoRADenseGeneral):
+  """`flax.linen.Dense` plus a rank-`rank` adapter, scaled by `alpha / rank` (alpha None: 1):
+  `LoRADenseGeneral` over the last axis, with Dense's `kernel` (d_in, features) and `bias`.
+
+  Attributes:
+    features: output features.
+    rank: the adapter's rank r >= 1.
+    alpha: the adapter's scale numerator (None: r, i.e. scale 1).
+    use_bias: as in Dense.
+    kernel_init, bias_init: as in Dense (the frozen weights' initialisers,
+      used when no pretrained parameters are given).
+  """
+  features: int
 
 
 class LoRAConv(nn.Module):
