@@ -41,9 +41,10 @@ class ExecutionConfig:
   they are clipped, the noise, or the DpEvent.
 
   Attributes:
-    padded_batch_size: rows processed on the common path per step; None picks
-      qN + 4 std of Binomial(N, q).  Larger sampled batches are still fully
-      processed by extra microbatches.
+    padded_batch_size: the batch the microbatch size is chosen for; None
+      picks qN + 4 std of Binomial(N, q). A step computes only the
+      microbatches holding sampled rows, and larger sampled batches are
+      still fully processed by extra microbatches.
     microbatch_size: rows per vectorised per-example-gradient call (bounds
       memory); None chooses it from the model and the device
       (`jaxdp.train.microbatching`: about `budget_bytes(device)` per

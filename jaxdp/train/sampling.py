@@ -132,7 +132,7 @@ def default_padded_batch_size(num_examples: int, sampling_prob: float,
   """qN plus 4 standard deviations of Binomial(N, q), rounded up.
 
   Larger realised batches are still fully processed (by extra microbatches);
-  this only sizes the fast common path.
+  this only sizes the microbatches (a step computes those holding sampled rows).
 
   Args:
     num_examples: N >= 1.
