@@ -16,7 +16,9 @@ def _cands(base_config):
   return [Candidate(p, c, s) for (p, c), s in zip(zip(space.points, space.configs), [0, 7, 11, 12])]
 
 
-@pytest.mark.parametrize("per_device,devices", [(None, 1), (None, 2), (2, 2), (3, 2)],
+# auto-1dev (6 s) runs in the slow set (the suite's 5-minute budget); auto-2dev is its sibling.
+@pytest.mark.parametrize("per_device,devices", [pytest.param(None, 1, marks=pytest.mark.slow), (None, 2), (2, 2),
+                                                (3, 2)],
                          ids=["auto-1dev", "auto-2dev", "2per-2dev", "3per-2dev-padded"])
 def test_batched_candidate_equals_lone_run(digits, base_config, two_devices, per_device, devices):
   cands = _cands(base_config)

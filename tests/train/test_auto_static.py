@@ -34,7 +34,9 @@ OPTIMIZERS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+# warmup_cosine (4 s) in the slow set (the suite's 5-minute budget): exponential_decay is the same path.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "warmup_cosine" else n
+                                  for n in sorted(OPTIMIZERS)])
 def test_a_float_the_optimizer_needs_concrete_becomes_static(name, digits):
   factory, hparams, concrete = OPTIMIZERS[name]
   config = TrainConfig(task=_task(factory, name), l2_clip_norm=1.0, noise_multiplier=1.0,

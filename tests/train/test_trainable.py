@@ -121,7 +121,8 @@ def _plan():
                    num_examples=1000)
 
 
-@pytest.mark.parametrize("method", ["vmap", "ghost"])
+# vmap (7 s) in the slow set (the suite's 5-minute budget); ghost differentiates the same leaves.
+@pytest.mark.parametrize("method", [pytest.param("vmap", marks=pytest.mark.slow), "ghost"])
 def test_the_clipped_sum_is_that_of_a_model_of_the_trainable_parameters_only(batch_and_params, method):
   batch, params = batch_and_params
   valid = jnp.arange(24) < 20  # four padding rows

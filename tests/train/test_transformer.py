@@ -43,8 +43,8 @@ def _small(**kwargs):
 
 # Width 8: a projection's T (d_in + d_out) is below d_in d_out = 64 for T = 3 (Gram form) and
 # not for T = 8 (R^T G materialised); T = 1 is the one-position form.
-@pytest.mark.parametrize("length", [pytest.param(1, marks=pytest.mark.slow), 3,
-                                    pytest.param(8, marks=pytest.mark.slow)])  # slow: 5 s each
+@pytest.mark.slow  # 6-9 s each; the two small models below keep Embed and DenseGeneral in the default run
+@pytest.mark.parametrize("length", [1, 3, 8])
 def test_every_transformer_form_matches_the_per_example_path(length, random_params):
   model = _small()
   tokens = _tokens(length)
@@ -60,6 +60,25 @@ def test_every_transformer_form_matches_the_per_example_path(length, random_para
   norms, clip = _assert_same(loss, params, batch, mask, relative_clip=0.5)
   assert np.any(norms[:5] > clip)
   _assert_same(loss, params, batch, mask, relative_clip=1e6)  # nothing clipped: the plain sum
+
+
+class Bag(nn.Module):
+  """An embedding, pooled: the Embed's Gram form alone (and a Dense head, T = 1)."""
+
+  @nn.compact
+  def __call__(self, tokens):
+    return nn.Dense(3)(jnp.tanh(nn.Embed(VOCAB, 4)(tokens)).mean(axis=1))
+
+
+def test_the_embedding_form_matches_the_per_example_path(random_params):
+  tokens = _tokens(5)
+  batch = (tokens, jnp.arange(6) % 3)
+  model = Bag()
+  params = random_params(model, tokens[:1], seed=5)
+  loss = _classifier_loss(model)
+  assert ghost_layers(loss, params, batch).fallback_leaves == ()
+  norms, clip = _assert_same(loss, params, batch, jnp.arange(6) < 5, relative_clip=0.5)
+  assert np.any(norms[:5] > clip)
 
 
 class DenseGeneralAxes(nn.Module):
