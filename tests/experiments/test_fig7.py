@@ -87,9 +87,8 @@ def test_quick_profile_costs_about_one_paper_run():
 
 
 @pytest.mark.slow
-def test_dry_run_builds_the_paper_profile_and_runs_one_step(capsys):
-  # Loads TFDS MNIST when present (else waits for the download to fail and falls back to
-  # mnist_offline): minutes on a small CPU.
+def test_dry_run_builds_the_paper_profile_and_runs_one_step(capsys, one_download_try):
+  # Loads TFDS MNIST when present (else, after one failed download, falls back to mnist_offline).
   assert fig7.main(["--profile", "paper", "--dry-run"]) == 0
   out = capsys.readouterr().out
   assert "papernot_steinke_cnn" in out and "one DP step ran: steps=1" in out

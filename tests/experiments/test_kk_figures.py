@@ -108,8 +108,8 @@ def test_fig7_dry_run_tiny(capsys):
 
 
 @pytest.mark.slow
-def test_fig7_dry_run_paper(capsys):
-  # Loads TFDS MNIST when present (else falls back to mnist_offline): minutes on a small CPU.
+def test_fig7_dry_run_paper(capsys, one_download_try):
+  # Loads TFDS MNIST when present (else falls back to mnist_offline).
   assert kk_fig7.main(["--profile", "paper", "--dry-run"]) == 0
   out = capsys.readouterr().out
   assert "'opacus_cnn'" in out and "one DP step ran: steps=1" in out
