@@ -30,11 +30,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import _child
+
 TASKS = ("full", "head_only")
 
 
@@ -101,15 +101,6 @@ def _measure(which: str, args) -> dict:
   }
 
 
-def _child(which: str, argv: list) -> dict:
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-  proc = subprocess.run([sys.executable, "-m", "benchmarks.finetune", *argv, "--one", which], cwd=ROOT,
-                        env=env, capture_output=True, text=True, check=False)
-  if proc.returncode != 0:
-    raise RuntimeError(f"{which} failed:\n{(proc.stderr or proc.stdout)[-3000:]}")
-  return json.loads(proc.stdout)
-
-
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -126,11 +117,8 @@ def main(argv=None) -> int:
   if args.one:
     print(json.dumps(_measure(args.one, args)))
     return 0
-  results = {which: _child(which, argv) for which in TASKS}
-  facts = {k[1:]: v for k, v in results["full"].items() if k.startswith("_")}
-  for r in results.values():
-    for k in [k for k in r if k.startswith("_")]:
-      del r[k]
+  results = {which: _child.run("benchmarks.finetune", [*argv, "--one", which], which) for which in TASKS}
+  facts = _child.pop_facts([results["full"], results["head_only"]])
   full, head = results["full"], results["head_only"]
   print(json.dumps({
       "width": args.width, "batch": args.batch, "steps": args.steps, "clipping": args.clipping,

@@ -42,11 +42,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import _child
+
 WAYS = ("full", "lora")
 EXAMPLES = 4096
 BATCH = 32
@@ -159,15 +159,6 @@ def _measure(vocab: int, way: str, args) -> dict:
   }
 
 
-def _child(vocab: int, way: str, argv: list) -> dict:
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-  proc = subprocess.run([sys.executable, "-m", "benchmarks.transformer", *argv, "--one", str(vocab), way],
-                        cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-  if proc.returncode != 0:
-    raise RuntimeError(f"{vocab}/{way} failed:\n{(proc.stderr or proc.stdout)[-3000:]}")
-  return json.loads(proc.stdout)
-
-
 def main(argv=None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -187,13 +178,10 @@ def main(argv=None) -> int:
   if args.one:
     print(json.dumps(_measure(int(args.one[0]), args.one[1], args)))
     return 0
-  child_argv = [a for a in argv if a != "--quick"] + (
-      ["--width", "32", "--length", "16", "--depth", "1", "--steps", "2", "--repeats", "1"] if args.quick else [])
-  results = [_child(vocab, way, child_argv) for vocab in args.vocab for way in WAYS]
-  facts = {k[1:]: v for k, v in results[0].items() if k.startswith("_")}
-  for r in results:
-    for k in [k for k in r if k.startswith("_")]:
-      del r[k]
+  # Each child applies --quick itself; --one picks its vocabulary and way.
+  results = [_child.run("benchmarks.transformer", [*argv, "--one", str(vocab), way], f"{vocab}/{way}")
+             for vocab in args.vocab for way in WAYS]
+  facts = _child.pop_facts(results)
   print(json.dumps({"width": args.width, "length": args.length, "depth": args.depth, "batch": BATCH,
                     "steps": args.steps,
                     "results": results, **facts, "cpu_count": os.cpu_count(), "quick": bool(args.quick)},

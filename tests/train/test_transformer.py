@@ -176,10 +176,16 @@ def _data(n=64, length=8, seed=0):
                  num_examples=n, num_classes=2)
 
 
+def _loss(out, batch):
+  return optax.softmax_cross_entropy_with_integer_labels(out, batch[1])
+
+
+def _adam(hp):
+  return optax.adam(hp["learning_rate"])
+
+
 def _lora_task(rank=2):
-  return Task(model=_small(lora_rank=rank),
-              loss=lambda out, b: optax.softmax_cross_entropy_with_integer_labels(out, b[1]),
-              optimizer=lambda hp: optax.adam(hp["learning_rate"]),
+  return Task(model=_small(lora_rank=rank), loss=_loss, optimizer=_adam,
               trainable=lambda path: lora.adapters(path) or path.startswith("params/head/"),
               name="lora-attention")
 
@@ -208,7 +214,7 @@ def test_the_dry_run_names_every_parameter_with_lora_in_attention():
 def test_auto_clips_a_large_vocabulary_by_its_ghost_norm_and_a_small_table_per_example():
   data = _data()
   model = TransformerClassifier(vocab_size=1000, max_length=8, width=8, num_heads=2, depth=1, mlp_width=4)
-  config = TrainConfig(task=Task(model=model, loss=_lora_task().loss, optimizer=_lora_task().optimizer),
+  config = TrainConfig(task=Task(model=model, loss=_loss, optimizer=_adam),
                        l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.25, steps=2,
                        hparams=dict(learning_rate=0.05))
   by_path = {param: (path, why) for param, path, why in
@@ -223,7 +229,7 @@ def test_auto_clips_a_large_vocabulary_by_its_ghost_norm_and_a_small_table_per_e
 
 def test_the_dry_run_says_why_a_kernel_with_a_frozen_bias_is_per_example():
   data = _data()
-  task = Task(model=_small(), loss=_lora_task().loss, optimizer=_lora_task().optimizer,
+  task = Task(model=_small(), loss=_loss, optimizer=_adam,
               trainable=lambda path: not path.endswith("/bias"))
   config = TrainConfig(task=task, l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.25, steps=1,
                        hparams=dict(learning_rate=0.05))
@@ -238,14 +244,14 @@ def test_the_per_example_working_set_does_not_grow_with_the_vocabulary():
   sizes = []
   for vocab in (1000, 8000):
     model = TransformerClassifier(vocab_size=vocab, max_length=8, width=16, num_heads=2, depth=1)
-    task = Task(model=model, loss=_lora_task().loss, optimizer=_lora_task().optimizer)
+    task = Task(model=model, loss=_loss, optimizer=_adam)
     data = _data()
     config = TrainConfig(task=task, l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.25, steps=1,
                          hparams=dict(learning_rate=0.05))
     sizes.append(program.per_example_bytes(LoopSpec.from_config(config, data), data.train))
   assert sizes[0] == sizes[1]
   vmap = Task(model=TransformerClassifier(vocab_size=8000, max_length=8, width=16, num_heads=2, depth=1),
-              loss=_lora_task().loss, optimizer=_lora_task().optimizer, clipping="vmap")
+              loss=_loss, optimizer=_adam, clipping="vmap")
   config = TrainConfig(task=vmap, l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.25, steps=1,
                        hparams=dict(learning_rate=0.05))
   assert program.per_example_bytes(LoopSpec.from_config(config, _data()), _data().train) > 8000 * 16 * 4
