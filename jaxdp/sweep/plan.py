@@ -22,18 +22,20 @@ import dataclasses
 import functools
 import hashlib
 import json
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
 
 import jaxdp
 from jaxdp.data import Dataset
+from jaxdp.sweep.functions import FunctionPlan
 from jaxdp.sweep.pool import DATA_KEY, INITIAL_KEY
 from jaxdp.sweep.space import MECHANISM_PARTS, Candidate, SearchSpace, config_record, point_key
 from jaxdp.train import digest as digest_lib
 from jaxdp.train.config import TrainConfig
 from jaxdp.train.run_plan import RunPlan, plan_runs
+from jaxdp.train.trainer import CandidateResult
 
 
 
@@ -69,6 +71,9 @@ class SearchPlan:
   delta: Optional[float] = None
   noise_multiplier: Optional[float] = None
   origin: Optional[Dataset] = None
+
+  #: Its candidates save checkpoints in a durable store's run directory.
+  checkpointed: ClassVar[bool] = True
 
   @classmethod
   def build(cls, space: SearchSpace, data: Dataset, *, initial_params: Any = None) -> "SearchPlan":
@@ -181,6 +186,16 @@ class SearchPlan:
 
   # -- what a durable pool records --------------------------------------------
 
+  def record(self, candidate: Candidate, result: CandidateResult) -> tuple:
+    """(the pool record of a trained candidate, the parameters stored with it)."""
+    return record_of(candidate, result, self), result.params
+
+  def result(self, candidate: Candidate, record: Mapping[str, Any], leaves) -> CandidateResult:
+    """The `CandidateResult` a pool record (and its parameter leaves, None when not read)
+    stands for."""
+    params = None if leaves is None else self.run_of(candidate.config).treedef.unflatten(leaves)
+    return result_from_record(record, params)
+
   def mechanism(self, points: Optional[Sequence[Mapping[str, Any]]] = None) -> dict:
     """What the candidates at `points` (default: every point) compute and what is accounted.
 
@@ -271,6 +286,32 @@ def event_record(run: RunPlan) -> str:
   return digest_lib.scrub(repr(run.dp_event))
 
 
+def result_fields(result: CandidateResult) -> dict:
+  """What a pool record keeps of a `CandidateResult` (not its parameters)."""
+  return {"score": result.score, "test_score": result.test_score, "test_loss": result.test_loss,
+          "score_source": result.score_source, "steps": result.steps,
+          "planned_steps": result.planned_steps, "diverged": result.diverged,
+          "epsilon": result.epsilon, "delta": result.delta, "wall_time_s": result.wall_time_s,
+          "resumed_step": result.resumed_step}
+
+
+def record_of(candidate: Candidate, result: CandidateResult, plan: SearchPlan) -> dict:
+  """The pool record of a trained candidate of `plan` (no parameters)."""
+  return {"id": candidate.id, "point": dict(candidate.point), "seed": candidate.seed,
+          **result_fields(result), "dp_event": event_record(plan.run_of(candidate.config))}
+
+
+def result_from_record(record: Mapping[str, Any], params: Any) -> CandidateResult:
+  """The `CandidateResult` a pool record stands for (compile time is not stored: 0.0)."""
+  return CandidateResult(
+      score=float(record["score"]), test_score=float(record["test_score"]),
+      test_loss=float(record["test_loss"]), steps=int(record["steps"]),
+      planned_steps=int(record["planned_steps"]), epsilon=float(record["epsilon"]),
+      delta=float(record["delta"]), diverged=bool(record["diverged"]),
+      wall_time_s=float(record["wall_time_s"]), score_source=record["score_source"],
+      resumed_step=int(record.get("resumed_step", 0)), params=params)
+
+
 def data_fingerprint(data: Dataset) -> dict:
   """sha256 of every split's arrays (structure, shapes, dtypes, bytes) and the declared size."""
   digest = hashlib.sha256()
@@ -298,10 +339,11 @@ def params_digest(tree: Any) -> str:
   return digest.hexdigest()
 
 
-def as_plan(candidates: Sequence[Candidate], data: Any, initial_params: Any = None) -> SearchPlan:
-  """`data` if it is a `SearchPlan` (checked: every candidate is one of its configurations),
-  else the plan of `candidates` on the `Dataset` `data` (built here, once)."""
-  if isinstance(data, SearchPlan):
+def as_plan(candidates: Sequence[Candidate], data: Any, initial_params: Any = None) -> Any:
+  """`data` if it is a plan (a `SearchPlan` or a `jaxdp.sweep.functions.FunctionPlan`,
+  checked: every candidate is one of its configurations), else the plan of `candidates` on
+  the `Dataset` `data` (built here, once)."""
+  if isinstance(data, (SearchPlan, FunctionPlan)):
     if initial_params is not None:
       raise ValueError("initial_params is part of the SearchPlan: give it to SearchPlan.build, "
                        "not with a plan")

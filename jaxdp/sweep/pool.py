@@ -382,7 +382,8 @@ class ResultPool:
         if part == "programs":  # 64 hex digits say nothing more than 16 do
           detail = (f"programs at grid point {first}: stored sha256 {old[first][:16]}..., now "
                     f"{new[first][:16]}... (the task's code as traced: model, loss, score, "
-                    "optimizer, clipping path or trainable set)")
+                    "optimizer, clipping path or trainable set; or a training function's name "
+                    "or source)")
         else:
           detail = _difference(f"{part} at grid point {first}", old[first], new[first])
         details.append(detail + (f" (and {len(clash) - 1} more point(s))" if len(clash) > 1 else ""))

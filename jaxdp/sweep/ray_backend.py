@@ -20,6 +20,7 @@ from jaxdp._cache import LruCache
 from jaxdp.sweep import checkpoints
 from jaxdp.sweep import engine
 from jaxdp.sweep.plan import as_plan
+from jaxdp.sweep.store import local_trainer
 
 
 def _require_ray():
@@ -69,7 +70,7 @@ def _train_chunk(box: list, indices: list) -> list:
   candidates, plan, engine_kwargs, token = _shared(box)
   if engine_kwargs.get("checkpoint_dir") is not None:
     checkpoints.check_reachable(engine_kwargs["checkpoint_dir"], token)
-  return engine.train_candidates([candidates[i] for i in indices], plan, **engine_kwargs)
+  return local_trainer(plan)([candidates[i] for i in indices], plan, **engine_kwargs)
 
 
 def _alive_nodes(ray) -> dict:

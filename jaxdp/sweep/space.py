@@ -79,6 +79,28 @@ def _plain(value):
   return value
 
 
+def checked_grid(grid: Any, argument: str = "grid") -> dict:
+  """`grid` as a dict name -> tuple of plain values (NumPy scalars as Python numbers).
+
+  Raises:
+    ValueError: naming `argument`, unless `grid` is a non-empty mapping of string names to
+      non-empty sequences (not strings).
+  """
+  if not isinstance(grid, Mapping) or not grid:
+    raise ValueError(f"{argument} must be a non-empty mapping name -> values, got {grid!r:.200}")
+  out = {}
+  for name, values in grid.items():
+    if not isinstance(name, str):
+      raise ValueError(f"{argument} names must be strings, got {name!r}")
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+      raise ValueError(f"{argument}[{name!r}] must be a non-empty sequence of values, got {values!r:.200}")
+    values = tuple(_plain(v) for v in values)
+    if not values:
+      raise ValueError(f"{argument}[{name!r}] must be a non-empty sequence of values: it must not be empty")
+    out[name] = values
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class SearchSpace:
   """A finite grid: every combination of the listed values, applied to `base`.
@@ -101,18 +123,7 @@ class SearchSpace:
   def __post_init__(self):
     if not isinstance(self.base, TrainConfig):
       raise ValueError(f"base must be a TrainConfig, got {type(self.base).__name__}")
-    if not isinstance(self.grid, Mapping) or not self.grid:
-      raise ValueError(f"grid must be a non-empty mapping name -> values, got {self.grid!r}")
-    grid = {}
-    for name, values in self.grid.items():
-      if not isinstance(name, str):
-        raise ValueError(f"grid names must be strings, got {name!r}")
-      if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) and not isinstance(values, np.ndarray):
-        raise ValueError(f"grid[{name!r}] must be a non-empty sequence of values, got {values!r}")
-      values = tuple(_plain(v) for v in values)
-      if not values:
-        raise ValueError(f"grid[{name!r}] must be a non-empty sequence of values: it must not be empty")
-      grid[name] = values
+    grid = checked_grid(self.grid)
     if "steps" in grid and "epochs" in grid:
       raise ValueError("grid may vary steps or epochs, not both")
     if "sampling_prob" in grid and "batch_size" in grid:

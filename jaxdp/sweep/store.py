@@ -25,8 +25,9 @@ with the new mechanism's epsilon, not the one that produced it.
 The pool holds candidates that are never released (their scores and
 parameters): a `run_dir` is as secret as the data.
 
-The record codec is here too: `record_of` writes a candidate's record,
-`result_from_record` reads it back.
+What a record holds is the plan's to say (`SearchPlan.record` / `result` for a
+task's candidates, `FunctionPlan.record` / `result` for a training function's,
+with its artifact), so one store serves both.
 """
 
 from __future__ import annotations
@@ -37,12 +38,16 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from jaxdp.sweep import engine
 from jaxdp.sweep.checkpoints import DIRNAME as CHECKPOINTS, Checkpoints
-from jaxdp.sweep.plan import SearchPlan, as_plan, event_record
+from jaxdp.sweep.functions import FunctionPlan, train_functions
+from jaxdp.sweep.plan import (SearchPlan, as_plan, event_record, record_of, result_fields,
+                              result_from_record)
 from jaxdp.sweep.pool import (MANIFEST, ParamsDamagedError, PoolMismatchError, ResultPool,
                               SearchMismatchError)
 from jaxdp.sweep.space import Candidate, config_record
 from jaxdp.train.run_plan import RunPlan
 from jaxdp.train.trainer import CandidateResult
+
+__all__ = ["CandidateStore", "Trainer", "check_run_dir", "local_trainer", "record_of", "run_sweep"]
 
 #: The training backend: `jaxdp.sweep.train_candidates(candidates, plan, ...)` or anything with
 #: its signature, e.g. `jaxdp.sweep.ray_backend.train_candidates_ray`. A store calls it with
@@ -51,30 +56,10 @@ from jaxdp.train.trainer import CandidateResult
 Trainer = Callable[..., list]
 
 
-def result_fields(result: CandidateResult) -> dict:
-  """What a pool record keeps of a `CandidateResult` (not its parameters)."""
-  return {"score": result.score, "test_score": result.test_score, "test_loss": result.test_loss,
-          "score_source": result.score_source, "steps": result.steps,
-          "planned_steps": result.planned_steps, "diverged": result.diverged,
-          "epsilon": result.epsilon, "delta": result.delta, "wall_time_s": result.wall_time_s,
-          "resumed_step": result.resumed_step}
-
-
-def record_of(candidate: Candidate, result: CandidateResult, plan: SearchPlan) -> dict:
-  """The pool record of a trained candidate of `plan` (no parameters)."""
-  return {"id": candidate.id, "point": dict(candidate.point), "seed": candidate.seed,
-          **result_fields(result), "dp_event": event_record(plan.run_of(candidate.config))}
-
-
-def result_from_record(record: Mapping[str, Any], params: Any) -> CandidateResult:
-  """The `CandidateResult` a pool record stands for (compile time is not stored: 0.0)."""
-  return CandidateResult(
-      score=float(record["score"]), test_score=float(record["test_score"]),
-      test_loss=float(record["test_loss"]), steps=int(record["steps"]),
-      planned_steps=int(record["planned_steps"]), epsilon=float(record["epsilon"]),
-      delta=float(record["delta"]), diverged=bool(record["diverged"]),
-      wall_time_s=float(record["wall_time_s"]), score_source=record["score_source"],
-      resumed_step=int(record.get("resumed_step", 0)), params=params)
+def local_trainer(plan) -> Trainer:
+  """What trains `plan`'s candidates on this host: the engine for a task's `SearchPlan`,
+  `jaxdp.sweep.functions.train_functions` for a `FunctionPlan`."""
+  return train_functions if isinstance(plan, FunctionPlan) else engine.train_candidates
 
 
 class CandidateStore:
@@ -84,14 +69,14 @@ class CandidateStore:
   lock until it closes (a second process gets `PoolLockedError`).
 
   Args:
-    plan: the `SearchPlan` every candidate belongs to.
+    plan: the `SearchPlan` (or `jaxdp.sweep.functions.FunctionPlan`) every candidate belongs to.
     run_dir: None (nothing on disk) or the pool's directory.
     fingerprint: what the search is (a tuner's: `SearchPlan.search_fields`);
       the data's sha256 and the public start's digest are always added
       (`SearchPlan.fingerprint`), so a store opened on other data is refused.
     points: the grid points whose mechanism the pool records (None: every
       point of the plan).
-    trainer: the backend (None: `jaxdp.sweep.train_candidates`).
+    trainer: the backend (None: `local_trainer(plan)`).
     keep_params: read each candidate's parameters back (`train`), and store
       them with its record.
     engine_kwargs: forwarded to the trainer; an `on_chunk` given there is
@@ -102,18 +87,19 @@ class CandidateStore:
       another mechanism (before anything trains).
   """
 
-  def __init__(self, plan: SearchPlan, *, run_dir: Optional[str] = None,
+  def __init__(self, plan: Any, *, run_dir: Optional[str] = None,
                fingerprint: Optional[Mapping[str, Any]] = None,
                points: Optional[Sequence[Mapping[str, Any]]] = None,
                trainer: Optional[Trainer] = None, keep_params: bool = True,
                engine_kwargs: Optional[Mapping[str, Any]] = None):
-    self.plan, self.trainer = plan, trainer or engine.train_candidates
+    self.plan, self.trainer = plan, trainer or local_trainer(plan)
     self.keep_params = keep_params
     self.engine_kwargs = dict(engine_kwargs or {})
     self.pool: Optional[ResultPool] = None
     self.checkpoints: Optional[Checkpoints] = None
     if run_dir is not None:
       self.pool = _open(plan, run_dir, fingerprint, points, read_only=False)
+    if run_dir is not None and plan.checkpointed:
       self.checkpoints = Checkpoints(os.path.join(run_dir, CHECKPOINTS))
       # A crash between storing a record and removing its checkpoints leaves them: gone now.
       self.checkpoints.remove(set(self.checkpoints.held()) & self.pool.done_ids())
@@ -178,11 +164,12 @@ class CandidateStore:
     user_on_chunk = self.engine_kwargs.get("on_chunk")
 
     def on_chunk(chunk):
-      self.pool.append([record_of(c, r, self.plan) for c, r in chunk],
-                       params={c.id: r.params for c, r in chunk} if self.keep_params else None)
-      # Stored durably: their checkpoints (secret, never needed again) go.
-      self.checkpoints.remove(c.id for c, _ in chunk)
-      self.resumed_steps.update({c.id: r.resumed_step for c, r in chunk if r.resumed_step})
+      stored = [(c, *self.plan.record(c, r)) for c, r in chunk]
+      self.pool.append([record for _, record, _ in stored],
+                       params={c.id: kept for c, _, kept in stored} if self.keep_params else None)
+      if self.checkpoints is not None:  # stored durably: their checkpoints (secret) go
+        self.checkpoints.remove(c.id for c, _ in chunk)
+        self.resumed_steps.update({c.id: r.resumed_step for c, r in chunk if r.resumed_step})
       if user_on_chunk is not None:
         user_on_chunk(chunk)
 
@@ -232,11 +219,9 @@ class CandidateStore:
       raise RuntimeError(f"the trainer returned without storing candidates {missing[:3]}: a backend "
                          "must call on_chunk for every chunk it trains")
     if not self.keep_params:
-      return [result_from_record(records[c.id], None) for c in candidates]
+      return [self.plan.result(c, records[c.id], None) for c in candidates]
     leaves = self.pool.load_params([records[c.id] for c in {c.id: c for c in candidates}.values()])
-    return [result_from_record(records[c.id],
-                               self.plan.run_of(c.config).treedef.unflatten(leaves[c.id]))
-            for c in candidates]
+    return [self.plan.result(c, records[c.id], leaves[c.id]) for c in candidates]
 
 
 def check_run_dir(plan: SearchPlan, run_dir: str, fingerprint: Optional[Mapping[str, Any]] = None,
@@ -266,7 +251,7 @@ def _open(plan: SearchPlan, run_dir: str, fingerprint, points, *, read_only: boo
         f"{err}. A search resumed with another key, grid, configuration, law of K, data, public "
         "start or jaxdp version is not the same draw, and one resumed with another mechanism "
         "(a configuration's DpEvent or DP score, the task's loss, score, model, optimizer, "
-        "clipping or trainable set) would release scores that the reported epsilon does not "
+        "clipping or trainable set; a training function's name, source or dp_event) would release scores that the reported epsilon does not "
         "account for: either is a second search on the same data. Rerun the identical search "
         "to resume, or start a new search in a new run_dir") from None
 

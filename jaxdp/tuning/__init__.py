@@ -1,8 +1,9 @@
 """Private hyperparameter tuning that releases only what its guarantee covers."""
 
 from jaxdp.tuning.planning import DryRun
-from jaxdp.tuning.search import TunedResult, dry_run, random_search, threshold_search
+from jaxdp.tuning.search import (TunedFunctionResult, TunedResult, dry_run, random_search,
+                                 threshold_search)
 from jaxdp.tuning.subsampled import SubsampledResult, extrapolate, subsampled_search
 
-__all__ = ["DryRun", "SubsampledResult", "TunedResult", "dry_run", "extrapolate", "random_search", "subsampled_search",
+__all__ = ["DryRun", "SubsampledResult", "TunedFunctionResult", "TunedResult", "dry_run", "extrapolate", "random_search", "subsampled_search",
            "threshold_search"]

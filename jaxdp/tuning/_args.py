@@ -26,6 +26,44 @@ from jaxdp.train import TrainConfig
 #: Keyword arguments a tuner forwards to `jaxdp.sweep.train_candidates`
 #: (`keep_params` is the tuner's own: it needs the selected model).
 ENGINE_KWARGS = ("devices", "max_candidates_per_device", "progress", "on_chunk")
+#: Those a search over a training function forwards (`jaxdp.sweep.functions.train_functions`).
+FUNCTION_KWARGS = ("progress", "on_chunk")
+
+
+def is_function(config: Any) -> bool:
+  """True when a tuner's first argument is a training function, not a `TrainConfig` or
+  `SearchSpace`."""
+  return callable(config) and not isinstance(config, (TrainConfig, SearchSpace))
+
+
+def function_search(data: Any, initial_params: Any, engine_kwargs: Mapping[str, Any]) -> None:
+  """Raises ValueError for an argument a search over a training function does not take."""
+  if data is not None:
+    raise ValueError(f"data must be None when tuning a training function (it reads its own data), "
+                     f"got {type(data).__name__}")
+  if initial_params is not None:
+    raise ValueError("initial_params must be None when tuning a training function (it starts "
+                     "from whatever it loads itself)")
+  unknown = sorted(set(engine_kwargs) - set(FUNCTION_KWARGS))
+  if unknown:
+    raise ValueError(f"{unknown} are options of jaxdp's training engine; a search over a training "
+                     f"function takes only {', '.join(FUNCTION_KWARGS)} (the function picks its "
+                     "own devices)")
+
+
+def noise_parameter(value: Any, target_epsilon: Optional[float]) -> Optional[str]:
+  """The hyperparameter `target_epsilon` calibrates in a training function's search."""
+  if value is None:
+    if target_epsilon is not None:
+      raise ValueError("target_epsilon needs noise_parameter: the name of the hyperparameter "
+                       "(e.g. 'noise_multiplier') that train_fn and dp_event read as the noise to "
+                       "calibrate")
+    return None
+  if not isinstance(value, str) or not value:
+    raise ValueError(f"noise_parameter must be None or a hyperparameter name (str), got {value!r}")
+  if target_epsilon is None:
+    raise ValueError(f"noise_parameter={value!r} is only used with target_epsilon, which is None")
+  return value
 
 
 def space(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]]) -> SearchSpace:

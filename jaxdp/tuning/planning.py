@@ -18,12 +18,16 @@ import numpy as np
 from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.accounting import inverse
+from jaxdp.sweep.functions import FunctionPlan, function_name
 from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.space import SearchSpace
 from jaxdp.train.trainer import score_source
 
 #: The largest noise multiplier `calibrate_noise` tries.
 SIGMA_MAX = 1e3
+#: Where a training function's score comes from: the caller's contract (README, "Tune any trainer").
+FUNCTION_SCORE_SOURCE = ("returned by train_fn (public data, or DP with its event inside dp_event: "
+                         "the caller's contract, not checked)")
 
 
 def candidate_event(space: SearchSpace, num_examples: int) -> dp_accounting.DpEvent:
@@ -32,7 +36,7 @@ def candidate_event(space: SearchSpace, num_examples: int) -> dp_accounting.DpEv
   return events[0] if len(events) == 1 else acc.UniformCandidates(events)
 
 
-def plan_event(plan: SearchPlan) -> dp_accounting.DpEvent:
+def plan_event(plan: Any) -> dp_accounting.DpEvent:
   """One candidate's guarantee from the runs the plan will run: its DpEvent, or the worst over
   the grid (KK Lemma 1)."""
   events = []
@@ -100,6 +104,38 @@ def _out_of_reach(space: SearchSpace, make_event, outer, target_epsilon: float, 
           "training noise or fewer steps cannot help")
 
 
+def calibrate_function_noise(train_fn, grid, event_fn, name: str, outer: Callable[[Any], Any], *,
+                             target_epsilon: float, delta: float) -> float:
+  """Smallest value (within 0.1%) of the hyperparameter `name` for which the whole search over
+  a training function meets (target_epsilon, delta), through `event_fn` (as `calibrate_noise`
+  for a task's noise multiplier).
+
+  Raises:
+    ValueError: the grid sets `name`, `event_fn` does not depend on it, or no value <= 1e3
+      meets the target.
+  """
+  def make_event(sigma):
+    plan = FunctionPlan.build(train_fn, grid, event_fn, noise=(name, float(sigma)),
+                              argument="search_space")
+    return outer(plan_event(plan))
+
+  if make_event(1.0) == make_event(2.0):
+    raise ValueError(f"dp_event gives the same events for {name}=1.0 and {name}=2.0: it does not "
+                     f"read noise_parameter={name!r}, so target_epsilon cannot calibrate it")
+  try:
+    return inverse.noise_for(make_event, target_epsilon, delta, sigma_max=SIGMA_MAX,
+                             where=" for this search")
+  except ValueError as err:
+    if "out of reach" not in str(err):
+      raise
+    at_max = acc.epsilon(make_event(SIGMA_MAX), delta, "best")
+    raise ValueError(f"target_epsilon={target_epsilon!r} is out of reach for this search: even "
+                     f"{name}={SIGMA_MAX!r} (the largest value tried) gives epsilon={at_max:.4g} at "
+                     f"delta={delta!r}. The part of dp_event's event that {name} does not change "
+                     "(a DP score's, say) may alone cost more: raise the target, or spend less "
+                     "there") from None
+
+
 def k_quantile(repetitions: acc.KDistribution, p: float) -> int:
   """Smallest k with P(K <= k) >= p."""
   hi = 1
@@ -159,6 +195,9 @@ class DryRun:
     expected_gradient_evaluations: E[K] x mean over the grid of steps x q N.
     score_source: where the score is computed and whether it is accounted.
     auto_static: hyperparameter -> why it was made static (see `Group`).
+    function: for a search over a training function, its name (module.qualname);
+      then `groups` is empty and the expected compute None (jaxdp does not see
+      inside the function).
   """
   epsilon: float
   delta: float
@@ -169,10 +208,11 @@ class DryRun:
   k_quantiles: tuple
   noise_multiplier: Optional[float]
   groups: tuple
-  expected_steps: float
-  expected_gradient_evaluations: float
+  expected_steps: Optional[float]
+  expected_gradient_evaluations: Optional[float]
   score_source: str
   auto_static: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  function: Optional[str] = None
 
   def __str__(self) -> str:
     sigma = "" if self.noise_multiplier is None else f", calibrated sigma={self.noise_multiplier:.4f}"
@@ -181,6 +221,12 @@ class DryRun:
         f"K ~ {self.repetitions}: E[K]={self.expected_candidates:g}, P(K=0)={self.prob_zero:.3g}, "
         f"median/90%/99% = {'/'.join(str(k) for k in self.k_quantiles)}",
         f"score: {self.score_source}",
+    ]
+    if self.function is not None:
+      lines.append(f"each candidate is one call of train_fn {self.function}: "
+                   f"E[calls]={self.expected_candidates:g}")
+      return "\n".join(lines)
+    lines += [
         f"compute: E[DP steps]={self.expected_steps:,.0f}, "
         f"E[per-example gradients]={self.expected_gradient_evaluations:,.0f}",
         f"{len(self.groups)} compiled group(s):",
@@ -217,17 +263,21 @@ def auto_static(plan: SearchPlan) -> dict:
   return {name: why for run in plan.runs for name, why in run.spec.auto_static}
 
 
-def dry_run_report(plan: SearchPlan, repetitions: acc.KDistribution) -> DryRun:
+def dry_run_report(plan: Any, repetitions: acc.KDistribution) -> DryRun:
   """The `DryRun` of a tuner's plan (`plan.event`, `plan.epsilon` set)."""
+  mean_k = float(repetitions.mean)
+  common = dict(epsilon=plan.epsilon, delta=plan.delta, event=plan.event, repetitions=repetitions,
+                expected_candidates=mean_k, prob_zero=repetitions.prob_zero,
+                k_quantiles=tuple(k_quantile(repetitions, p) for p in (0.5, 0.9, 0.99)),
+                noise_multiplier=plan.noise_multiplier)
+  if isinstance(plan, FunctionPlan):
+    return DryRun(**common, groups=(), expected_steps=None, expected_gradient_evaluations=None,
+                  score_source=FUNCTION_SCORE_SOURCE, function=function_name(plan.train_fn))
   n = plan.data.num_examples
   steps = np.array([run.spec.num_steps for run in plan.runs], float)
   grads = np.array([run.spec.num_steps * run.spec.sampling_prob * n for run in plan.runs])
-  mean_k = float(repetitions.mean)
   return DryRun(
-      epsilon=plan.epsilon, delta=plan.delta, event=plan.event, repetitions=repetitions,
-      expected_candidates=mean_k, prob_zero=repetitions.prob_zero,
-      k_quantiles=tuple(k_quantile(repetitions, p) for p in (0.5, 0.9, 0.99)),
-      noise_multiplier=plan.noise_multiplier, groups=groups_of(plan),
+      **common, groups=groups_of(plan),
       expected_steps=mean_k * float(steps.mean()),
       expected_gradient_evaluations=mean_k * float(grads.mean()),
       score_source=plan_score_source(plan), auto_static=auto_static(plan))

@@ -10,6 +10,12 @@ are left out unless the caller opts in (and is warned).
 `threshold_search` is Liu & Talwar's Algorithm 1 with random stopping:
 release the first candidate whose score reaches a threshold; after each
 failure stop with probability `stop_prob` and release nothing.
+
+Both tune a jaxdp `TrainConfig` (its task trained by the engine) or any DP
+training function `train_fn(hparams, seed) -> (score, artifact)` with its
+`dp_event(hparams) -> DpEvent` (`jaxdp.sweep.functions`): the same draws,
+selection, accounting, durable store and backends, through a `SearchPlan`
+or a `FunctionPlan`.
 """
 
 from __future__ import annotations
@@ -32,10 +38,12 @@ from jaxdp import accounting as acc
 from jaxdp.accounting import kdistribution
 from jaxdp.data import Dataset
 from jaxdp.sweep import engine
+from jaxdp.sweep.functions import FunctionPlan
 from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.space import Candidate, SearchSpace
 from jaxdp.sweep.store import CandidateStore, Trainer, check_run_dir
 from jaxdp.train import TrainConfig
+from jaxdp.train.config import NotPrivateWarning
 from jaxdp.train.trainer import score_source
 from jaxdp.tuning import _args
 from jaxdp.tuning import planning
@@ -109,19 +117,70 @@ class TunedResult:
   resumed_steps: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
-def prepare(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
-            data: Dataset, *, delta: float, target_epsilon: Optional[float],
-            outer: Callable[[Any], Any], initial_params: Any = None) -> SearchPlan:
-  """The search's `SearchPlan`, before anything is drawn or trained: every argument checked
-  once, sigma calibrated if asked, the whole search accounted.
+@dataclasses.dataclass(frozen=True, eq=False)
+class TunedFunctionResult:
+  """What a private search over a training function releases (README, "Tune any trainer").
+
+  The vocabulary of `TunedResult`, with the function's artifact in place of
+  the parameters. Covered by `epsilon` (if `dp_event` is what `train_fn`
+  runs, the caller's contract): `hyperparameters`, `artifact`, `score`; and
+  `num_candidates` for `random_search` (K, drawn from the public law before
+  anything trains), not for `threshold_search` (see `TunedResult`).
+
+  Attributes:
+    hyperparameters: what the selected candidate's `train_fn` was called with
+      (its grid point, and the calibrated noise), or None when nothing is
+      released (K = 0, no finite score, or no score reached the threshold).
+    artifact: what its `train_fn` returned beside the score (None likewise);
+      with a `run_dir`, read back from there (`jaxdp.sweep.artifacts`).
+    score: its score, NaN if nothing is released.
+    seed: the seed its `train_fn` was called with (None likewise).
+    num_candidates, epsilon, delta, event, accounting_method, all_scores,
+    noise_multiplier, resumed: as in `TunedResult` (`noise_multiplier` is the
+      calibrated value of `noise_parameter`).
+    score_source: where the score comes from: the caller's contract.
+  """
+
+  hyperparameters: Optional[Mapping[str, Any]]
+  artifact: Any
+  score: float
+  seed: Optional[int]
+  num_candidates: int
+  epsilon: float
+  delta: float
+  event: Any
+  accounting_method: str = "best"
+  all_scores: Optional[tuple] = None
+  score_source: str = planning.FUNCTION_SCORE_SOURCE
+  noise_multiplier: Optional[float] = None
+  resumed: int = 0
+
+
+def prepare(config: Union[TrainConfig, SearchSpace, Callable], search_space: Optional[Mapping[str, Sequence]],
+            data: Optional[Dataset], *, delta: float, target_epsilon: Optional[float],
+            outer: Callable[[Any], Any], initial_params: Any = None,
+            dp_event: Optional[Callable] = None, noise_parameter: Optional[str] = None) -> Any:
+  """The search's plan (a `SearchPlan`, or a `FunctionPlan` for a training function), before
+  anything is drawn or trained: every argument checked once, the noise calibrated if asked,
+  the whole search accounted.
 
   Args:
-    config, search_space, data, delta, target_epsilon, initial_params: as in `random_search`.
+    config, search_space, data, delta, target_epsilon, initial_params, dp_event,
+      noise_parameter: as in `random_search`.
     outer: candidate event -> the search's event (e.g. `acc.RepeatAndSelect(_, K)`).
   """
-  space = _args.space(config, search_space)
   delta = _args.delta(delta)
   target_epsilon = _args.target_epsilon(target_epsilon)
+  if _args.is_function(config):
+    return _prepare_function(config, search_space, dp_event, delta=delta,
+                             target_epsilon=target_epsilon, outer=outer,
+                             noise_parameter=_args.noise_parameter(noise_parameter, target_epsilon))
+  for name, value in (("dp_event", dp_event), ("noise_parameter", noise_parameter)):
+    if value is not None:
+      raise ValueError(f"{name} is for a training function (random_search(train_fn, grid, ..., "
+                       f"dp_event=event_fn)); a TrainConfig's event is derived from it, and its "
+                       f"target_epsilon sets noise_multiplier: got {name}={value!r:.100}")
+  space = _args.space(config, search_space)
   plan = SearchPlan.build(space, data, initial_params=initial_params)
   sigma = None
   if target_epsilon is not None:  # sigma is traced: the plan's programs and checks stay
@@ -140,6 +199,32 @@ def prepare(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapp
     raise ValueError(f"the calibrated search accounts to epsilon={epsilon!r} > "
                      f"target_epsilon={target_epsilon!r}; nothing was trained")
   return plan.accounted(event=event, epsilon=epsilon, delta=delta, noise_multiplier=sigma)
+
+
+def _prepare_function(train_fn, grid, event_fn, *, delta, target_epsilon, outer,
+                      noise_parameter) -> FunctionPlan:
+  """`prepare` for a training function: every grid point's event checked, the declared noise
+  hyperparameter calibrated through `event_fn` if asked, the whole search accounted."""
+  if event_fn is None:
+    raise ValueError("dp_event is required when tuning a training function: a callable "
+                     "hyperparameters -> dp_accounting.DpEvent of one run of train_fn")
+  noise = None
+  if target_epsilon is not None:
+    noise = (noise_parameter, planning.calibrate_function_noise(
+        train_fn, grid, event_fn, noise_parameter, outer, target_epsilon=target_epsilon,
+        delta=delta))
+  plan = FunctionPlan.build(train_fn, grid, event_fn, noise=noise, argument="search_space")
+  # Accounted from the events of the hyperparameters that will run, never from the target.
+  event = outer(planning.plan_event(plan))
+  epsilon = acc.epsilon(event, delta, method="best")
+  if target_epsilon is not None and epsilon > target_epsilon:
+    raise ValueError(f"the calibrated search accounts to epsilon={epsilon!r} > "
+                     f"target_epsilon={target_epsilon!r}; nothing was trained")
+  if math.isinf(epsilon):
+    warnings.warn(f"this search is not differentially private: its event ({acc.describe(event):.200}) "
+                  "accounts to epsilon = inf", NotPrivateWarning, stacklevel=4)
+  return plan.accounted(event=event, epsilon=epsilon, delta=delta,
+                        noise_multiplier=None if noise is None else noise[1])
 
 
 def draw_search(space: SearchSpace, repetitions: acc.KDistribution, key: jax.Array) -> list:
@@ -275,48 +360,102 @@ def _release_scores(cands, results, release_all_scores):
   return tuple((dict(c.point), r.score) for c, r in zip(cands, results))
 
 
-def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
-                  data: Dataset, *, repetitions: acc.KDistribution, key: jax.Array, delta: float = 1e-5,
-                  target_epsilon: Optional[float] = None, release_all_scores: bool = False,
-                  run_dir: Optional[str] = None, trainer: Optional[Trainer] = None,
-                  initial_params: Any = None, **engine_kwargs) -> TunedResult:
-  """Papernot-Steinke private random search.
+def random_search(config: Union[TrainConfig, SearchSpace, Callable],
+                  search_space: Optional[Mapping[str, Sequence]], data: Optional[Dataset] = None, *,
+                  repetitions: acc.KDistribution, key: jax.Array,
+                  dp_event: Optional[Callable] = None, delta: float = 1e-5,
+                  target_epsilon: Optional[float] = None, noise_parameter: Optional[str] = None,
+                  release_all_scores: bool = False, run_dir: Optional[str] = None,
+                  trainer: Optional[Trainer] = None, initial_params: Any = None,
+                  **engine_kwargs) -> Union[TunedResult, TunedFunctionResult]:
+  """Papernot-Steinke private random search, of a jaxdp task or of any DP training function.
+
+  Two ways to call it:
+
+    random_search(config, search_space, data, repetitions=K, key=key)
+    random_search(train_fn, grid, repetitions=K, key=key, dp_event=event_fn)
+
+  The first trains a `TrainConfig`'s task with jaxdp's engine and accounts
+  it from the configurations; the second calls `train_fn(hparams, seed) ->
+  (score, artifact)` once per candidate and accounts each with
+  `event_fn(hparams) -> DpEvent` (README, "Tune any trainer"; the contract
+  is below). Both draw K and the candidates the same way, release the
+  best, store candidates durably in `run_dir` and run on Ray with
+  `trainer=`.
 
   Args:
     config: the base `TrainConfig` (or a ready `SearchSpace`, then
-      `search_space` must be None).
+      `search_space` must be None), or a training function `train_fn`.
     search_space: grid name -> non-empty sequence of values (see
-      `jaxdp.sweep.SearchSpace`).
+      `jaxdp.sweep.SearchSpace`); for a training function, the
+      hyperparameters it is called with (every combination, a dict).
     data: a `jaxdp.data.Dataset`: private training split; the score reads
       the public test split, or, for a DP score, the private validation split.
+      None for a training function (it reads its own data).
     repetitions: law of the number of candidates K, e.g. `acc.Poisson(10)`.
-    key: PRNG key for K, the draws and every candidate's training.
+    key: PRNG key for K, the draws and every candidate's training (a
+      function's `seed`).
+    dp_event: for a training function only, and required there:
+      hyperparameters -> the `dp_accounting.DpEvent` of one run with them
+      (its DP score's included). Called on every grid point before K is
+      drawn: each must be a DpEvent, the same on two calls; one no
+      accounting method supports is refused then (`NotApplicableError`).
     delta: delta in (0, 1) at which the search's epsilon is reported.
-    target_epsilon: if given, the noise multiplier of every candidate is
-      calibrated so that the whole search (K's law, the grid, the DP score)
-      meets (target_epsilon, delta); the grid must not vary it. The reported
-      epsilon is re-accounted from the calibrated configurations.
+    target_epsilon: if given, the noise of every candidate is calibrated so
+      that the whole search (K's law, the grid, the DP score) meets
+      (target_epsilon, delta); the grid must not vary it. For a task, the
+      noise multiplier; for a training function, the hyperparameter named
+      by `noise_parameter`, through `dp_event`. The reported epsilon is
+      re-accounted from the calibrated configurations.
+    noise_parameter: with `target_epsilon` and a training function: the name
+      of the hyperparameter `train_fn` and `dp_event` read as the noise.
     release_all_scores: also return every candidate's score (warns: not
       covered by the guarantee).
     run_dir: None, or a directory that keeps every finished candidate
       (`jaxdp.sweep.CandidateStore`): rerun the same call after a crash and it
       trains only what is missing and releases what an uninterrupted run
       releases. It holds unreleased candidates: keep it as secret as the data.
-    trainer: the training backend: None (`jaxdp.sweep.train_candidates`, this
-      host's devices) or one with its signature, e.g.
+      A training function's artifacts are stored as arrays where they are
+      arrays, by pickle otherwise (`jaxdp.sweep.artifacts`).
+    trainer: the training backend: None (this host: `jaxdp.sweep.train_candidates`,
+      or `jaxdp.sweep.functions.train_functions` for a training function) or
+      one with its signature, e.g.
       `functools.partial(jaxdp.sweep.ray_backend.train_candidates_ray, chunk_size=2)`
-      for a Ray cluster.
+      for a Ray cluster (a training function is shipped to the workers).
     initial_params: None (each candidate initialised from its key), or
       public parameters every candidate starts from: all of the model's (a
       checkpoint) or some (a pretrained backbone; a new head or LoRA
       adapters are initialised from the key). Checked against every
       configuration's model before K is drawn. They must be public (e.g.
-      pretrained on public data): they are not accounted.
+      pretrained on public data): they are not accounted. None for a
+      training function.
     **engine_kwargs: `devices`, `max_candidates_per_device`, `progress`,
-      `on_chunk`, passed to the trainer.
+      `on_chunk`, passed to the trainer (a training function's: `progress`,
+      `on_chunk`).
 
   Returns:
-    A `TunedResult` holding the selected candidate only.
+    A `TunedResult` holding the selected candidate only; for a training
+    function, a `TunedFunctionResult` (its artifact in place of parameters).
+
+  The contract of a training function (what jaxdp cannot check):
+    - `train_fn(hparams, seed)` takes all of its randomness from `seed`, an
+      integer in [0, 2**63) derived from `key` and the candidate, the same on
+      every resume (`jaxdp.sweep.functions.call_seed`). A resume calls it
+      again with the same seed: a function that ignores it breaks "same
+      draw, same release". (An API that takes 32 bits, like
+      `np.random.seed` or `jax.random.key` without x64, must fold the high
+      bits in, e.g. `jax.random.fold_in(jax.random.key(seed % 2**32), seed >> 32)`.)
+    - `dp_event(hparams)` is the event of what `train_fn` runs with those
+      hyperparameters; the score reads only public data, or is itself DP
+      with its event inside `dp_event`.
+    - It raises only for reasons the data do not decide: an exception stops
+      the search (`jaxdp.sweep.functions.TrainFunctionError`, naming the
+      candidate), which would reveal them. A numerical failure should return
+      a non-finite score: it counts as the worst.
+  What is checked: both are callables; every grid point's event (above);
+  each return is a (score, artifact) tuple with a real score (a one-element
+  array or tensor included); a `run_dir` is refused for another key, grid,
+  law of K, either function's name or source, or any grid point's event.
 
   Raises:
     ValueError: for any bad argument, always before K is drawn: whether the
@@ -331,49 +470,63 @@ def random_search(config: Union[TrainConfig, SearchSpace], search_space: Optiona
   plan, opened = _random_search_plan(config, search_space, data, repetitions=repetitions, key=key,
                                      delta=delta, target_epsilon=target_epsilon, run_dir=run_dir,
                                      trainer=trainer, initial_params=initial_params,
-                                     engine_kwargs=engine_kwargs)
+                                     engine_kwargs=engine_kwargs, dp_event=dp_event,
+                                     noise_parameter=noise_parameter)
   with CandidateStore(plan, **opened) as store:
     cands = draw_search(plan.space, repetitions, key)
     results = store.train(cands)
   return _released(plan, store, cands, results, best_index(results), release_all_scores)
 
 
+def _opened(config, data, initial_params, run_dir, trainer, engine_kwargs) -> tuple:
+  """(run_dir, trainer, engine kwargs), checked: what every tuner's store is opened with."""
+  if _args.is_function(config):
+    _args.function_search(data, initial_params, engine_kwargs)
+  return _args.run_dir(run_dir), _args.trainer(trainer), _args.engine_kwargs(engine_kwargs)
+
+
 def _random_search_plan(config, search_space, data, *, repetitions, key, delta, target_epsilon,
-                        run_dir, trainer, initial_params, engine_kwargs) -> tuple:
+                        run_dir, trainer, initial_params, engine_kwargs, dp_event,
+                        noise_parameter) -> tuple:
   """(plan, the `CandidateStore`'s other arguments) of `random_search`'s arguments, every one
   checked once: what the search and its dry run share."""
   repetitions = _args.repetitions(repetitions)
   key = _validate.prng_key("key", key)
-  run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
-  engine_kwargs = _args.engine_kwargs(engine_kwargs)
+  run_dir, trainer, engine_kwargs = _opened(config, data, initial_params, run_dir, trainer,
+                                            engine_kwargs)
   plan = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
                  outer=lambda cand: acc.RepeatAndSelect(cand, repetitions),
-                 initial_params=initial_params)
-  if trainer is None:  # this host's devices; another backend lays out its own
+                 initial_params=initial_params, dp_event=dp_event, noise_parameter=noise_parameter)
+  if trainer is None and isinstance(plan, SearchPlan):  # another backend lays out its own
     engine.check_layout(plan, engine_kwargs.get("devices"))
   fingerprint = plan.search_fields("random_search", key, repetitions=repetitions,
-                                        delta=plan.delta, target_epsilon=target_epsilon)
+                                   delta=plan.delta, target_epsilon=target_epsilon)
   return plan, dict(run_dir=run_dir, fingerprint=fingerprint, trainer=trainer,
                     engine_kwargs=engine_kwargs)
 
 
-def _released(plan: SearchPlan, store: CandidateStore, cands: list, results: list,
-              chosen: Optional[int], release_all_scores: bool) -> TunedResult:
+def _released(plan, store: CandidateStore, cands: list, results: list,
+              chosen: Optional[int], release_all_scores: bool):
   """What a search releases: candidate `chosen` (None: nothing) of the `cands` it trained."""
   some = chosen is not None
   if store.engine_kwargs.get("progress"):
     report_resumes(store, len({c.id for c in cands}))
+  common = dict(score=float(results[chosen].score) if some else float("nan"),
+                num_candidates=len(cands), epsilon=plan.epsilon, delta=plan.delta,
+                event=plan.event, all_scores=_release_scores(cands, results, release_all_scores),
+                noise_multiplier=plan.noise_multiplier, resumed=store.resumed)
+  if isinstance(plan, FunctionPlan):
+    return TunedFunctionResult(
+        hyperparameters=dict(cands[chosen].config.hparams) if some else None,
+        artifact=results[chosen].artifact if some else None,
+        seed=results[chosen].seed if some else None, **common)
   return TunedResult(
       hyperparameters=dict(cands[chosen].point) if some else None,
       config=cands[chosen].config if some else None,
       params=results[chosen].params if some else None,
-      score=float(results[chosen].score) if some else float("nan"), num_candidates=len(cands),
-      epsilon=plan.epsilon, delta=plan.delta, event=plan.event,
-      all_scores=_release_scores(cands, results, release_all_scores),
       score_source=(score_source(cands[chosen].config.task) if some
-                    else planning.plan_score_source(plan)), noise_multiplier=plan.noise_multiplier,
-      auto_static=planning.auto_static(plan), resumed=store.resumed,
-      resumed_steps=dict(store.resumed_steps))
+                    else planning.plan_score_source(plan)),
+      auto_static=planning.auto_static(plan), resumed_steps=dict(store.resumed_steps), **common)
 
 
 def report_resumes(store: CandidateStore, distinct: int) -> None:
@@ -389,9 +542,11 @@ def report_resumes(store: CandidateStore, distinct: int) -> None:
              file=sys.stderr)
 
 
-def dry_run(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
-            data: Dataset, *, repetitions: acc.KDistribution, key: Optional[jax.Array] = None,
-            delta: float = 1e-5, target_epsilon: Optional[float] = None,
+def dry_run(config: Union[TrainConfig, SearchSpace, Callable],
+            search_space: Optional[Mapping[str, Sequence]], data: Optional[Dataset] = None, *,
+            repetitions: acc.KDistribution, key: Optional[jax.Array] = None,
+            dp_event: Optional[Callable] = None, delta: float = 1e-5,
+            target_epsilon: Optional[float] = None, noise_parameter: Optional[str] = None,
             release_all_scores: bool = False, run_dir: Optional[str] = None,
             trainer: Optional[Trainer] = None, initial_params: Any = None,
             **engine_kwargs) -> planning.DryRun:
@@ -402,45 +557,53 @@ def dry_run(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapp
   call can be dry-run: the task on the data's shapes, `initial_params`
   against every model, the engine's options, and a `run_dir` that holds
   another search (`SearchMismatchError`, read only: nothing is written
-  there). Calibrates sigma for `target_epsilon` if given. Returns a
-  `planning.DryRun` of the search's `SearchPlan`: epsilon of the whole
-  search, K's law (mean, P(K=0), quantiles), the groups that will compile
-  and each layer's clipping path, and the expected compute (E[K] x steps,
-  E[K] x steps x q N per-example gradients). `print` it.
+  there). Calibrates the noise for `target_epsilon` if given. Returns a
+  `planning.DryRun` of the search's plan: epsilon of the whole search, K's
+  law (mean, P(K=0), quantiles), the groups that will compile and each
+  layer's clipping path, and the expected compute (E[K] x steps, E[K] x
+  steps x q N per-example gradients). A training function is never called:
+  its every grid point's `dp_event` is, and the report names the function
+  (E[calls] = E[K]). `print` it.
   """
   _args.flag("release_all_scores", release_all_scores)
   plan, opened = _random_search_plan(
       config, search_space, data, repetitions=repetitions,
       key=jax.random.key(0) if key is None else key, delta=delta, target_epsilon=target_epsilon,
-      run_dir=run_dir, trainer=trainer, initial_params=initial_params, engine_kwargs=engine_kwargs)
+      run_dir=run_dir, trainer=trainer, initial_params=initial_params, engine_kwargs=engine_kwargs,
+      dp_event=dp_event, noise_parameter=noise_parameter)
   if opened["run_dir"] is not None:  # what the search would refuse there (read only)
     check_run_dir(plan, opened["run_dir"], opened["fingerprint"])
   return planning.dry_run_report(plan, repetitions)
 
 
-def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
-                     data: Dataset, *, threshold: float, stop_prob: float, key: jax.Array,
-                     max_candidates: Optional[int] = None, delta: float = 1e-5,
-                     target_epsilon: Optional[float] = None, release_all_scores: bool = False,
+def threshold_search(config: Union[TrainConfig, SearchSpace, Callable],
+                     search_space: Optional[Mapping[str, Sequence]], data: Optional[Dataset] = None,
+                     *, threshold: float, stop_prob: float, key: jax.Array,
+                     max_candidates: Optional[int] = None, dp_event: Optional[Callable] = None,
+                     delta: float = 1e-5, target_epsilon: Optional[float] = None,
+                     noise_parameter: Optional[str] = None, release_all_scores: bool = False,
                      run_dir: Optional[str] = None, trainer: Optional[Trainer] = None,
-                     initial_params: Any = None, **engine_kwargs) -> TunedResult:
-  """Liu-Talwar Algorithm 1 with random stopping.
+                     initial_params: Any = None, **engine_kwargs
+                     ) -> Union[TunedResult, TunedFunctionResult]:
+  """Liu-Talwar Algorithm 1 with random stopping, of a jaxdp task or of a training function.
 
   For j = 1, 2, ...: train a random candidate; if its score >= `threshold`,
   release it; otherwise stop with probability `stop_prob` and release nothing
-  (also after `max_candidates` candidates).
+  (also after `max_candidates` candidates). A non-finite score never
+  reaches the threshold.
 
   Candidates are trained one at a time, so no extra work is spent; epsilon is
   `acc.epsilon(acc.ThresholdSelect(...), delta, "best")`. It covers the
   released candidate (or "nothing"), not `num_candidates` (see `TunedResult`).
 
   Args:
-    config, search_space, data, key, delta, target_epsilon,
-    release_all_scores, trainer, initial_params, **engine_kwargs: as in
-      `random_search`.
+    config, search_space, data, key, dp_event, delta, target_epsilon,
+    noise_parameter, release_all_scores, trainer, initial_params,
+    **engine_kwargs: as in `random_search` (a training function's contract
+      included).
     run_dir: as in `random_search`; a rerun replays the same candidates and
       stop decisions and resumes at the first candidate not yet stored.
-    threshold: a finite score to reach (the task's score).
+    threshold: a finite score to reach (the task's or the function's score).
     stop_prob: probability in (0, 1] of stopping after a failed candidate.
     max_candidates: None or an integer >= 1: a hard cap on candidates.
 
@@ -454,23 +617,24 @@ def threshold_search(config: Union[TrainConfig, SearchSpace], search_space: Opti
     max_candidates = _validate.integer("max_candidates", max_candidates, low=1)
   key = _validate.prng_key("key", key)
   release_all_scores = _args.flag("release_all_scores", release_all_scores)
-  run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
-  engine_kwargs = _args.engine_kwargs(engine_kwargs)
+  run_dir, trainer, engine_kwargs = _opened(config, data, initial_params, run_dir, trainer,
+                                            engine_kwargs)
   plan = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
                  outer=lambda cand: acc.ThresholdSelect(cand, stop_prob, max_candidates),
-                 initial_params=initial_params)
-  if trainer is None:
+                 initial_params=initial_params, dp_event=dp_event, noise_parameter=noise_parameter)
+  if trainer is None and isinstance(plan, SearchPlan):
     engine.check_layout(plan, engine_kwargs.get("devices"))
   fingerprint = plan.search_fields("threshold_search", key, threshold=threshold,
-                                        stop_prob=stop_prob, max_candidates=max_candidates,
-                                        delta=plan.delta, target_epsilon=target_epsilon)
+                                   stop_prob=stop_prob, max_candidates=max_candidates,
+                                   delta=plan.delta, target_epsilon=target_epsilon)
   cands, results, chosen = [], [], None
   with CandidateStore(plan, run_dir=run_dir, fingerprint=fingerprint, trainer=trainer,
                       engine_kwargs=engine_kwargs) as store:
     for draw_key, stop_key in _threshold_keys(key, max_candidates):
       cands.append(_draw_candidates(plan.space, 1, draw_key)[0])
       results.append(store.train(cands[-1:])[0])  # a stored candidate is read back, not trained
-      if not math.isnan(results[-1].score) and results[-1].score >= threshold:
+      # Non-finite counts as the worst (best_index): it never reaches the threshold.
+      if math.isfinite(results[-1].score) and results[-1].score >= threshold:
         chosen = len(cands) - 1
         break
       if _stops(stop_key, stop_prob):

@@ -3,7 +3,7 @@
 import pytest
 
 from jaxdp import accounting as acc
-from jaxdp.sweep import engine
+from jaxdp.sweep import engine, functions
 from jaxdp.train import trainer
 from jaxdp.tuning import subsampled
 
@@ -18,7 +18,7 @@ def no_work(monkeypatch):
 
   With it, a ValueError from a tuner proves the argument was rejected before
   K was drawn and before any training, whatever K would have been. Training
-  is blocked at every entry point (the batched engine, the lone trainer the
+  is blocked at every entry point (a training function's call, the batched engine, the lone trainer the
   subsampled search's final run uses, and the compiled programs behind both),
   and so is drawing the subsampled search's subset. Shape checks
   (`jax.eval_shape`) and accounting stay allowed: they are the checks.
@@ -39,6 +39,7 @@ def no_work(monkeypatch):
   monkeypatch.setattr(trainer, "train_candidate", started("a candidate trained"))
   monkeypatch.setattr(trainer, "compiled", started("a candidate program compiled"))
   monkeypatch.setattr(subsampled, "poisson_mask", started("subset drawn"))
+  monkeypatch.setattr(functions, "call", started("a training function called"))
 
 
 # --- A user's own task (issue 12): every tuner must take it like a preset. ---

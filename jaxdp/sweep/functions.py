@@ -1,0 +1,375 @@
+"""Any DP training function as a search's candidate: its plan, its trainer, its records.
+
+The protocol (README, "Tune any trainer"):
+
+  train_fn(hparams: dict, seed: int) -> (score, artifact)
+  event_fn(hparams: dict) -> dp_accounting.DpEvent
+
+`train_fn` is any Python function (PyTorch/Opacus, Keras, NumPy, a JAX
+loop): it trains one candidate with the grid point's hyperparameters and
+returns a real score (higher is better) and anything to release if it is
+selected (weights, a state_dict, a model). `event_fn` is the public privacy
+event of one such run, the DP score's included.
+
+`FunctionPlan` is to a function what `jaxdp.sweep.SearchPlan` is to a `Task`:
+built once at the search's call, it holds every grid point's hyperparameters
+and DpEvent (checked: a `DpEvent`, the same on every call), and gives the
+durable store (`jaxdp.sweep.CandidateStore`) what it records: the
+mechanism per point (the hyperparameters, the DpEvent's repr, the function's
+identity: `function_identity`), the search's fingerprint, and the record of
+each trained candidate with its artifact (`jaxdp.sweep.artifacts`).
+`train_functions` is its trainer, with `jaxdp.sweep.train_candidates`'s
+signature, so the Ray backend runs it on a cluster unchanged.
+
+The seed a candidate is called with is `call_seed(candidate)`: the 63 leading
+bits of its id, a hash of its grid point and of the seed the search's key
+drew for it, so the same on every resume and in any process.
+
+What cannot be checked, and is the caller's contract: that all of the run's
+randomness comes from `seed` (a resume retrains with it: a function that
+ignores it breaks "same draw, same release"), that `event_fn` is what the
+function runs, that the score reads only public data or is DP and inside
+`event_fn`, and that the function raises only for reasons the data do not
+decide (an exception stops the whole search: a numerical failure should
+return a non-finite score, which counts as the worst).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import itertools
+import json
+import marshal
+import numbers
+import time
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
+
+import dp_accounting
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+import jaxdp
+from jaxdp.sweep import artifacts
+from jaxdp.sweep.space import Candidate, _json_value, checked_grid, point_key
+from jaxdp.train.digest import scrub
+
+#: The seeds a training function is called with: integers in [0, 2**63).
+SEED_BITS = 63
+
+
+class TrainFunctionError(RuntimeError):
+  """`train_fn` raised: the message names the candidate's hyperparameters and seed; the
+  function's own exception is the cause (`__cause__`)."""
+
+
+def call_seed(candidate: Candidate) -> int:
+  """The seed `train_fn` gets for `candidate`: an integer in [0, 2**63) from its id (a hash of
+  its grid point and drawn seed), so two distinct candidates of a search share it with
+  probability about K**2 / 2**64."""
+  return int(candidate.id, 16) >> (64 - SEED_BITS)
+
+
+def function_identity(fn: Callable) -> dict:
+  """What a run directory records of a function: its module and qualified name, and the
+  sha256 of its source (of its class's, for a callable object; of its bytecode when Python
+  has no source, e.g. a function typed at a prompt). A `functools.partial` records its
+  function's identity and the names of its bound keywords, not their values (they may be
+  data)."""
+  if isinstance(fn, functools.partial):
+    return {"partial": function_identity(fn.func), "args": len(fn.args),
+            "keywords": sorted(fn.keywords)}
+  target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn)
+  name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+  try:
+    code = inspect.getsource(target).encode()
+  except (OSError, TypeError):  # no source file (a prompt, a builtin)
+    code = marshal.dumps(fn.__code__) if hasattr(fn, "__code__") else b""
+  return {"name": name, "code_sha256": hashlib.sha256(code).hexdigest()}
+
+
+def function_name(fn: Callable) -> str:
+  """`fn`'s module.qualname (of the function a `functools.partial` wraps)."""
+  while isinstance(fn, functools.partial):
+    fn = fn.func
+  return function_identity(fn)["name"]
+
+
+def _identity_digest(fn: Callable) -> str:
+  return hashlib.sha256(json.dumps(function_identity(fn), sort_keys=True).encode()).hexdigest()
+
+
+def checked_event(event_fn: Callable, hparams: Mapping[str, Any]) -> dp_accounting.DpEvent:
+  """`event_fn(hparams)`, checked: a `dp_accounting.DpEvent`, the same on a second call.
+
+  Raises:
+    ValueError: naming the hyperparameters, when it is not, or when `event_fn` raises (its
+      exception is the cause): before a search draws anything.
+  """
+  try:
+    events = [event_fn(dict(hparams)) for _ in range(2)]
+  except Exception as err:  # the user's function: say which point, keep its error as the cause
+    raise ValueError(f"dp_event raised {type(err).__name__} for hyperparameters {dict(hparams)}: "
+                     f"{err}") from err
+  if not isinstance(events[0], dp_accounting.DpEvent):
+    raise ValueError(f"dp_event must return a dp_accounting.DpEvent for every grid point, got "
+                     f"{type(events[0]).__name__} ({events[0]!r:.200}) for hyperparameters {dict(hparams)}")
+  if events[0] != events[1]:
+    raise ValueError(f"dp_event returned two different events for hyperparameters {dict(hparams)} "
+                     f"({events[0]!r:.200} and {events[1]!r:.200}): it must be a function of the "
+                     "hyperparameters alone (a resume checks the events it recorded)")
+  return events[0]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FunctionRun:
+  """One grid point of a function search: the hyperparameters `train_fn` gets (the grid point,
+  and a calibrated noise) and its DpEvent."""
+  hparams: Mapping[str, Any]
+  dp_event: dp_accounting.DpEvent
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionResult:
+  """One call of `train_fn`.
+
+  Attributes:
+    score: its score as a float (a non-finite one counts as the worst).
+    artifact: what it returned beside the score (None when not kept).
+    wall_time_s: seconds the call took.
+    seed: the seed it was called with (`call_seed`).
+  """
+  score: float
+  artifact: Any = dataclasses.field(repr=False, default=None)
+  wall_time_s: float = 0.0
+  seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FunctionPlan:
+  """What a search over a training function runs, checked once (see the module docstring).
+
+  Build it with `FunctionPlan.build`. A tuner adds the whole search's accounting (`accounted`).
+
+  Attributes:
+    train_fn: the training function.
+    event_fn: hyperparameters -> the DpEvent of one run.
+    points: the grid points, in the grid's order.
+    runs: one `FunctionRun` per point.
+    noise_parameter: the hyperparameter a calibration set, or None.
+    event, epsilon, delta, noise_multiplier: the whole search's accounting (a tuner's).
+  """
+  train_fn: Callable
+  event_fn: Callable
+  points: tuple
+  runs: tuple
+  noise_parameter: Optional[str] = None
+  event: Any = None
+  epsilon: Optional[float] = None
+  delta: Optional[float] = None
+  noise_multiplier: Optional[float] = None
+
+  #: A function checkpoints itself, if at all: the store keeps no checkpoints for it.
+  checkpointed: ClassVar[bool] = False
+
+  @classmethod
+  def build(cls, train_fn: Callable, grid: Mapping[str, Sequence], event_fn: Callable, *,
+            noise: Optional[tuple] = None, argument: str = "grid") -> "FunctionPlan":
+    """The plan of every point of `grid`, every event checked (`checked_event`).
+
+    Args:
+      train_fn, event_fn: the protocol's functions (callables).
+      grid: name -> non-empty sequence of values.
+      noise: None, or (name, value) added to every point's hyperparameters (a calibrated noise).
+      argument: the grid's name in error messages.
+
+    Raises:
+      ValueError: a function is not callable, the grid is malformed or sets `noise`'s name,
+        or an event is not a DpEvent or not a function of the hyperparameters.
+    """
+    for name, fn in (("train_fn", train_fn), ("dp_event", event_fn)):
+      if not callable(fn):
+        raise ValueError(f"{name} must be a callable, got {fn!r:.200}")
+    grid = checked_grid(grid, argument)
+    points = tuple(dict(zip(grid, combo)) for combo in itertools.product(*grid.values()))
+    if noise is not None and noise[0] in grid:
+      raise ValueError(f"target_epsilon sets {noise[0]!r} for the whole search: remove it from "
+                       f"the {argument}")
+    runs = []
+    for point in points:
+      hparams = dict(point, **({noise[0]: noise[1]} if noise else {}))
+      runs.append(FunctionRun(hparams=hparams, dp_event=checked_event(event_fn, hparams)))
+    return cls(train_fn=train_fn, event_fn=event_fn, points=points, runs=tuple(runs),
+               noise_parameter=None if noise is None else noise[0],
+               noise_multiplier=None if noise is None else noise[1])
+
+  # -- the grid, as `jaxdp.tuning.search.draw_search` reads a SearchSpace ----
+
+  @property
+  def space(self) -> "FunctionPlan":
+    """The plan itself: its `points`, `configs` and length are the grid the search draws from."""
+    return self
+
+  @property
+  def configs(self) -> tuple:
+    """What a `Candidate` carries as its configuration: its point's `FunctionRun`."""
+    return self.runs
+
+  def __len__(self) -> int:
+    return len(self.runs)
+
+  def __getstate__(self):  # a Ray worker rebuilds its own index
+    state = dict(self.__dict__)
+    state.pop("_by_point", None)
+    return state
+
+  @functools.cached_property
+  def _by_point(self) -> dict:
+    return {point_key(p): run for p, run in zip(self.points, self.runs)}
+
+  def run_of(self, config: FunctionRun) -> FunctionRun:
+    """`config` if it is one of the plan's runs (ValueError otherwise)."""
+    if not any(config is run for run in self.runs):
+      raise ValueError("a candidate's configuration is not one of this FunctionPlan's runs: draw "
+                       "candidates from the plan")
+    return config
+
+  def check_candidates(self, candidates: Sequence[Candidate]) -> None:
+    """Raises ValueError unless every candidate is a grid point of the plan with its run."""
+    for c in candidates:
+      if not isinstance(c, Candidate):
+        raise ValueError(f"candidates must be Candidate objects, got {type(c).__name__}")
+      if self._by_point.get(point_key(c.point)) is not self.run_of(c.config):
+        raise ValueError(f"a candidate at grid point {dict(c.point)} carries another point's run")
+
+  def accounted(self, *, event: Any, epsilon: float, delta: float,
+                noise_multiplier: Optional[float] = None) -> "FunctionPlan":
+    """This plan with the whole search's accounting (a tuner's)."""
+    return dataclasses.replace(self, event=event, epsilon=float(epsilon), delta=float(delta),
+                               noise_multiplier=noise_multiplier)
+
+  # -- what a durable pool records ------------------------------------------
+
+  def mechanism(self, points: Optional[Sequence[Mapping[str, Any]]] = None) -> dict:
+    """Per grid point: the hyperparameters the function gets, its DpEvent's repr, and the
+    training function's identity (`function_identity`), as `SearchPlan.mechanism` records a
+    task's configuration, event and program digest."""
+    keys = sorted(self._by_point if points is None else {point_key(p) for p in points})
+    program = _identity_digest(self.train_fn)
+    return {
+        "configs": {k: scrub(json.dumps({n: _json_value(v) for n, v in
+                                         sorted(self._by_point[k].hparams.items())}, sort_keys=True))
+                    for k in keys},
+        "dp_events": {k: scrub(repr(self._by_point[k].dp_event)) for k in keys},
+        "programs": {k: program for k in keys},
+    }
+
+  def fingerprint(self, **fields: Any) -> dict:
+    """`fields` as they are: the function's data are its own (not seen here)."""
+    return dict(fields)
+
+  def search_fields(self, tuner: str, key: jax.Array, **accounted: Any) -> dict:
+    """What the search is (`SearchPlan.search_fields`'s counterpart): the tuner, the key, the
+    grid, both functions' identities and the arguments that decide the draw or the release."""
+    return dict(tuner=tuner, key=np.asarray(jax.random.key_data(key)).tolist(),
+                key_impl=str(jax.random.key_impl(key)), points=[dict(p) for p in self.points],
+                train_fn=function_identity(self.train_fn), dp_event=function_identity(self.event_fn),
+                accounted={k: repr(v) for k, v in sorted(accounted.items())},
+                jaxdp=jaxdp.__version__)
+
+  def record(self, candidate: Candidate, result: FunctionResult) -> tuple:
+    """(the pool record of a trained candidate, the arrays stored with it)."""
+    structure, leaves = artifacts.encode(result.artifact)
+    return ({"id": candidate.id, "point": dict(candidate.point), "seed": candidate.seed,
+             "call_seed": result.seed, "score": result.score, "wall_time_s": result.wall_time_s,
+             "artifact": structure,
+             "dp_event": scrub(repr(self.run_of(candidate.config).dp_event))}, leaves)
+
+  def result(self, candidate: Candidate, record: Mapping[str, Any], leaves) -> FunctionResult:
+    """The `FunctionResult` a pool record (and its arrays, None when not read) stands for."""
+    return FunctionResult(score=float(record["score"]), wall_time_s=float(record["wall_time_s"]),
+                          seed=int(record["call_seed"]),
+                          artifact=None if leaves is None else artifacts.decode(record["artifact"], leaves))
+
+
+def _score(value: Any, hparams: Mapping[str, Any], seed: int) -> float:
+  """`train_fn`'s score as a float; ValueError unless it is a real number (a one-element
+  NumPy, JAX or PyTorch array included)."""
+  item = getattr(value, "item", None)
+  if callable(item) and not isinstance(value, (bool, str, bytes, numbers.Number)):
+    try:
+      value = item()
+    except (TypeError, ValueError, RuntimeError):  # more than one element: refused below
+      pass
+  if isinstance(value, np.generic):
+    value = value.item()
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise ValueError(f"train_fn must return (score, artifact) with a real score (higher is better), "
+                     f"got a score of type {type(value).__name__} ({value!r:.100}) for "
+                     f"hyperparameters {dict(hparams)}, seed {seed}")
+  return float(value)
+
+
+def call(plan: FunctionPlan, candidate: Candidate) -> FunctionResult:
+  """One call of `plan.train_fn` for `candidate`, its output checked.
+
+  Raises:
+    TrainFunctionError: the function raised (its exception is the cause).
+    ValueError: it returned something else than a (score, artifact) tuple with a real score.
+  """
+  run = plan.run_of(candidate.config)
+  seed = call_seed(candidate)
+  began = time.perf_counter()
+  try:
+    out = plan.train_fn(dict(run.hparams), seed)
+  except Exception as err:
+    raise TrainFunctionError(
+        f"train_fn raised {type(err).__name__} for hyperparameters {dict(run.hparams)}, seed "
+        f"{seed}: {err}. The search stopped here (candidates stored before it stay in run_dir); "
+        "a value train_fn rejects can be rejected by dp_event too, which is called on every grid "
+        "point before anything is drawn") from err
+  elapsed = time.perf_counter() - began
+  if not isinstance(out, tuple) or len(out) != 2:
+    raise ValueError(f"train_fn must return a (score, artifact) tuple, got {type(out).__name__} "
+                     f"({out!r:.100}) for hyperparameters {dict(run.hparams)}, seed {seed}")
+  return FunctionResult(score=_score(out[0], run.hparams, seed), artifact=out[1],
+                        wall_time_s=elapsed, seed=seed)
+
+
+def train_functions(candidates: Sequence[Candidate], plan: FunctionPlan, *, keep_params: bool = True,
+                    search_size: Optional[int] = None, progress: bool = False,
+                    on_chunk: Optional[Callable[[list], None]] = None,
+                    checkpoint_dir: Optional[str] = None) -> list:
+  """Calls `plan.train_fn` once per candidate, in order: `jaxdp.sweep.train_candidates`'s
+  signature, so a store or the Ray backend runs it like the engine.
+
+  Args:
+    candidates: candidates drawn from `plan`.
+    plan: their `FunctionPlan`.
+    keep_params: keep each artifact in its result (the name is the engine's).
+    search_size: accepted for the signature; a function's result does not depend on layout.
+    progress: a progress bar with ETA.
+    on_chunk: called with [(candidate, result)] after each call: a durable store writes it
+      before the next call starts.
+    checkpoint_dir: must be None (a function checkpoints itself, if at all).
+
+  Returns:
+    One `FunctionResult` per candidate.
+  """
+  del search_size
+  if checkpoint_dir is not None:
+    raise ValueError("checkpoint_dir must be None for a training function: it checkpoints "
+                     "itself, if at all")
+  plan.check_candidates(candidates)
+  results = []
+  for c in tqdm(candidates, disable=not progress, desc="candidates", unit="cand"):
+    result = call(plan, c)
+    if not keep_params:
+      result = dataclasses.replace(result, artifact=None)
+    results.append(result)
+    if on_chunk is not None:
+      on_chunk([(c, result)])
+  return results

@@ -1,0 +1,334 @@
+"""A private search over any DP training function (issue 35), end to end on the NumPy example.
+
+`examples/dp_logistic_regression.py` is DP-SGD logistic regression in plain
+NumPy; here it is tuned by `random_search` / `threshold_search` / `dry_run`
+through the protocol `train_fn(hparams, seed) -> (score, artifact)`,
+`dp_event(hparams) -> DpEvent`. Every epsilon is compared with the one built
+by hand from the same events in the same process, so exactly.
+"""
+
+import math
+import os
+import pickle
+
+import dp_accounting as dpa
+import jax
+import numpy as np
+import pytest
+
+from examples import dp_logistic_regression as ex
+from jaxdp import accounting as acc
+from jaxdp.sweep import SearchMismatchError, artifacts
+from jaxdp.sweep.functions import FunctionPlan, TrainFunctionError, call_seed
+from jaxdp.train import NotPrivateWarning
+from jaxdp.tuning import TunedFunctionResult, dry_run, random_search, threshold_search
+from jaxdp.tuning import search as search_lib
+
+GRID = dict(ex.GRID, noise_multiplier=[4.0])  # every candidate's event: dpsgd_event(0.1, 4.0, 200)
+K = acc.Poisson(mean=5)
+EVENT = acc.dpsgd_event(0.1, 4.0, 200)
+
+
+class Counted:
+  """`train_fn` that records the seed of every call."""
+
+  def __init__(self, fn=ex.train_fn):
+    self.fn, self.seeds = fn, []
+
+  def __call__(self, hparams, seed):
+    self.seeds.append(seed)
+    return self.fn(hparams, seed)
+
+
+def _k(key, grid=GRID, law=K):
+  """K of the search with `key`, drawn apart from the search (the same draw)."""
+  return len(search_lib.draw_search(FunctionPlan.build(ex.train_fn, grid, ex.dp_event), law, key))
+
+
+def test_example_end_to_end_calls_k_times_accounts_by_hand_and_resumes(tmp_path):
+  key = jax.random.key(1)
+  train = Counted()
+  result = random_search(train, GRID, repetitions=K, key=key, dp_event=ex.dp_event,
+                         run_dir=str(tmp_path))
+  assert isinstance(result, TunedFunctionResult)
+  k = _k(key)
+  assert k >= 2 and result.num_candidates == k
+  assert len(set(train.seeds)) == len(train.seeds) == k  # distinct candidates here, each called once
+  # The whole search's epsilon, built by hand: K-law repetition of one run's event.
+  assert result.epsilon == acc.epsilon(acc.RepeatAndSelect(EVENT, K), 1e-5)
+  assert result.event == acc.RepeatAndSelect(EVENT, K)
+  # What is released: the best candidate, with the hyperparameters and seed it was called with.
+  assert result.hyperparameters == {"learning_rate": result.hyperparameters["learning_rate"],
+                                    "l2_clip_norm": result.hyperparameters["l2_clip_norm"],
+                                    "sampling_prob": 0.1, "steps": 200, "noise_multiplier": 4.0}
+  again = ex.train_fn(result.hyperparameters, result.seed)
+  assert result.score == again[0] and math.isfinite(result.score)
+  np.testing.assert_array_equal(result.artifact["w"], again[1]["w"])
+  assert result.resumed == 0
+  # A rerun on the same run_dir calls the function 0 times and releases the same.
+  rerun = Counted()
+  second = random_search(rerun, GRID, repetitions=K, key=key, dp_event=ex.dp_event,
+                         run_dir=str(tmp_path))
+  assert rerun.seeds == []
+  assert (second.hyperparameters, second.score, second.seed, second.epsilon) == \
+      (result.hyperparameters, result.score, result.seed, result.epsilon)
+  np.testing.assert_array_equal(second.artifact["w"], result.artifact["w"])
+  assert type(second.artifact["b"]) is type(result.artifact["b"])  # pylint: disable=unidiomatic-typecheck
+  assert second.resumed == k
+  # Another key on that run_dir is another draw: refused before anything is called.
+  other = Counted()
+  with pytest.raises(SearchMismatchError, match="key"):
+    random_search(other, GRID, repetitions=K, key=jax.random.key(2), dp_event=ex.dp_event,
+                  run_dir=str(tmp_path))
+  assert other.seeds == []
+
+
+def test_without_run_dir_the_same_key_gives_the_same_seeds_and_release():
+  key = jax.random.key(3)
+  first, second = Counted(), Counted()
+  a = random_search(first, GRID, repetitions=K, key=key, dp_event=ex.dp_event)
+  b = random_search(second, GRID, repetitions=K, key=key, dp_event=ex.dp_event)
+  assert first.seeds == second.seeds and len(first.seeds) == a.num_candidates == _k(key)
+  assert (a.hyperparameters, a.score, a.seed) == (b.hyperparameters, b.score, b.seed)
+  assert all(0 <= s < 2**63 for s in first.seeds)
+
+
+def test_a_grid_of_several_events_is_accounted_as_uniform_candidates():
+  grid = dict(GRID, steps=[100, 200])
+  result = random_search(ex.train_fn, grid, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event)
+  events = [acc.dpsgd_event(0.1, 4.0, 100), acc.dpsgd_event(0.1, 4.0, 200)]
+  assert result.epsilon == acc.epsilon(acc.RepeatAndSelect(acc.UniformCandidates(events), K), 1e-5)
+
+
+def test_target_epsilon_calibrates_the_declared_noise_through_dp_event():
+  train = Counted()
+  result = random_search(train, ex.GRID, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event,
+                         target_epsilon=2.0, noise_parameter="noise_multiplier")
+  sigma = result.noise_multiplier
+  assert result.hyperparameters["noise_multiplier"] == sigma
+  by_hand = acc.RepeatAndSelect(acc.dpsgd_event(0.1, sigma, 200), K)
+  assert result.epsilon == acc.epsilon(by_hand, 1e-5) <= 2.0
+  # The smallest such noise, within calibrate's 0.1%.
+  assert acc.epsilon(acc.RepeatAndSelect(acc.dpsgd_event(0.1, sigma / 1.002, 200), K), 1e-5) > 2.0
+
+
+def test_dry_run_accounts_the_same_and_never_calls_the_function(no_work):
+  report = dry_run(ex.train_fn, GRID, repetitions=K, dp_event=ex.dp_event)
+  assert report.epsilon == acc.epsilon(acc.RepeatAndSelect(EVENT, K), 1e-5)
+  assert report.groups == () and report.expected_steps is None
+  text = str(report)
+  assert "examples.dp_logistic_regression.train_fn" in text and "E[calls]=5" in text
+
+
+def test_threshold_search_releases_the_first_candidate_that_reaches_it():
+  train = Counted()
+  result = threshold_search(train, GRID, threshold=0.9, stop_prob=0.5, key=jax.random.key(0),
+                            dp_event=ex.dp_event)
+  assert result.epsilon == acc.epsilon(acc.ThresholdSelect(EVENT, 0.5, None), 1e-5)
+  assert result.num_candidates == len(train.seeds) and result.score >= 0.9
+  assert result.seed == train.seeds[-1]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_score_counts_as_the_worst(bad):
+  """+inf too: it must not be selected, nor reach a threshold."""
+  def train(hparams, seed):
+    return (bad if hparams["learning_rate"] == 3.0 else 0.5 + hparams["learning_rate"] / 10), None
+  grid = {"learning_rate": [0.3, 1.0, 3.0], "noise_multiplier": [4.0], "l2_clip_norm": [1.0],
+          "sampling_prob": [0.1], "steps": [200]}
+  result = random_search(train, grid, repetitions=acc.Poisson(mean=20), key=jax.random.key(0),
+                         dp_event=ex.dp_event, release_all_scores=False)
+  assert result.hyperparameters["learning_rate"] == 1.0 and result.score == 0.6
+  only_bad = threshold_search(lambda hp, seed: (bad, None), grid, threshold=-1e300, stop_prob=1.0,
+                              key=jax.random.key(0), dp_event=ex.dp_event)
+  assert only_bad.hyperparameters is None and math.isnan(only_bad.score)
+
+
+@pytest.mark.parametrize("score", [np.float32(0.25), np.array(0.25), jax.numpy.asarray(0.25), 1])
+def test_scores_may_be_numpy_or_jax_scalars(score):
+  result = random_search(lambda hp, seed: (score, None), GRID, repetitions=acc.Fixed(2),
+                         key=jax.random.key(0), dp_event=ex.dp_event)
+  assert result.score == float(score) and type(result.score) is float  # pylint: disable=unidiomatic-typecheck
+
+
+# --- Bad input fails fast and clearly, before K is drawn where it can. ------------------------
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(dp_event=lambda hp: "not an event"), r"dp_event must return a dp_accounting.DpEvent .*str"),
+    (dict(dp_event=None), "dp_event is required"),
+    (dict(dp_event="event"), "dp_event must be a callable"),
+    (dict(dp_event=lambda hp: dpa.UnsupportedDpEvent()), "cannot account UnsupportedDpEvent"),
+    (dict(dp_event=lambda hp, box=[]: box.append(0) or dpa.GaussianDpEvent(len(box))),
+     "two different events"),
+    (dict(grid={"learning_rate": -1.0}), r"search_space\['learning_rate'\] must be a non-empty sequence"),
+    (dict(grid={}), "search_space must be a non-empty mapping"),
+    (dict(grid=dict(GRID, learning_rate=[1.0, -1.0])), "learning_rate must be a number in"),
+    (dict(data=object()), "data must be None when tuning a training function"),
+    (dict(initial_params={"w": 1}), "initial_params must be None"),
+    (dict(devices=jax.devices()), "options of jaxdp's training engine"),
+    (dict(target_epsilon=1.0), "target_epsilon needs noise_parameter"),
+    (dict(noise_parameter="noise_multiplier"), "only used with target_epsilon"),
+    (dict(target_epsilon=1.0, noise_parameter="noise_multiplier"),
+     "target_epsilon sets 'noise_multiplier' for the whole search: remove it"),
+    (dict(target_epsilon=1.0, noise_parameter="sigma"), "does not read noise_parameter='sigma'"),
+    (dict(grid=ex.GRID), r"dp_event raised KeyError for hyperparameters \{'learning_rate': 0.3"),
+    (dict(grid=ex.GRID, target_epsilon=1e-3, noise_parameter="noise_multiplier"),
+     "target_epsilon=0.001 is out of reach for this search: even noise_multiplier=1000.0"),
+    (dict(key=0), "key"),
+    (dict(repetitions=5), "repetitions must be"),
+    (dict(run_dir=3), "run_dir must be None or a directory path"),
+])
+def test_bad_arguments_fail_before_anything_is_drawn_or_called(no_work, kwargs, match):
+  args = dict(grid=GRID, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event)
+  args.update(kwargs)
+  grid = args.pop("grid")
+  with pytest.raises(ValueError, match=match):
+    random_search(ex.train_fn, grid, **args)
+
+
+def test_a_config_path_refuses_the_function_arguments(no_work, digits, base_config):
+  with pytest.raises(ValueError, match="dp_event is for a training function"):
+    random_search(base_config, {"learning_rate": [1.0]}, digits, repetitions=K, key=jax.random.key(0),
+                  dp_event=ex.dp_event)
+
+
+@pytest.mark.parametrize("returned, match", [
+    (0.5, r"must return a \(score, artifact\) tuple, got float"),
+    ([0.5, None], r"must return a \(score, artifact\) tuple, got list"),
+    ((0.5,), r"must return a \(score, artifact\) tuple, got tuple"),
+    (("high", None), "real score .* got a score of type str"),
+    ((True, None), "real score .* got a score of type bool"),
+    ((np.ones(3), None), "real score .* got a score of type ndarray"),
+    ((1 + 2j, None), "real score .* got a score of type complex"),
+])
+def test_a_bad_return_fails_at_the_first_call_naming_the_candidate(returned, match):
+  calls = []
+
+  def train(hparams, seed):
+    calls.append(seed)
+    return returned
+  with pytest.raises(ValueError, match=match) as err:
+    random_search(train, GRID, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event)
+  assert len(calls) == 1 and "hyperparameters {" in str(err.value) and f"seed {calls[0]}" in str(err.value)
+
+
+def test_a_value_only_train_fn_rejects_stops_the_search_at_its_first_candidate(tmp_path):
+  calls = []
+
+  def train(hparams, seed):
+    calls.append(hparams["learning_rate"])
+    if hparams["learning_rate"] > 2.0:
+      raise ValueError(f"learning_rate={hparams['learning_rate']} diverges in my trainer")
+    return ex.train_fn(hparams, seed)
+  with pytest.raises(TrainFunctionError, match=r"raised ValueError for hyperparameters \{.*'learning_rate': 3.0") as err:
+    random_search(train, GRID, repetitions=acc.Poisson(mean=30), key=jax.random.key(0),
+                  dp_event=ex.dp_event, run_dir=str(tmp_path))
+  assert isinstance(err.value.__cause__, ValueError)
+  assert calls[-1] == 3.0 and calls.count(3.0) == 1  # nothing after it was called
+  with open(tmp_path / "results.jsonl") as f:  # the ones before it are stored
+    assert len(f.read().splitlines()) == len(calls) - 1
+
+
+# --- Artifacts: arrays where they are arrays, pickle otherwise. ---------------------------------
+
+
+class Model:
+  """A stand-in for a PyTorch module or a scikit-learn estimator: neither arrays nor a dict."""
+
+  def __init__(self, w):
+    self.w = w
+
+  def __eq__(self, other):
+    return isinstance(other, Model) and np.array_equal(self.w, other.w)
+
+
+@pytest.mark.parametrize("artifact, pickled", [
+    (None, False), (1.5, False), (float("nan"), False), (7, False), (2**80, False), (True, False),
+    ("text", False), (np.float32(2.5), False), (np.arange(6, dtype=np.int16).reshape(2, 3), False),
+    (jax.numpy.ones(3, jax.numpy.bfloat16), False),
+    ({"w": np.ones(2), "meta": [1, (2.0, None)], "nested": {"b": np.float64(0.5)}}, False),
+    (Model(np.ones(2)), True), ({1: np.ones(1)}, True), (np.array(["a", "b"]), True),
+    (np.array([object()]), True),
+])
+def test_artifacts_round_trip_in_type_and_bits(artifact, pickled):
+  structure, leaves = artifacts.encode(artifact)
+  assert (structure[0] == "pickle") == pickled
+  # Through the raw bytes a pool stores (each array as uint8, read back by its dtype and shape).
+  stored = [np.frombuffer(np.ascontiguousarray(a).reshape(-1).view(np.uint8).tobytes(),
+                          dtype=jax.numpy.dtype(str(a.dtype))).reshape(a.shape) for a in leaves]
+  back = artifacts.decode(structure, stored)
+  if pickled and isinstance(artifact, np.ndarray) and artifact.dtype == object:
+    assert back.shape == artifact.shape
+    return
+  assert type(back) is type(artifact)  # pylint: disable=unidiomatic-typecheck
+  flat = lambda t: jax.tree.leaves(t, is_leaf=lambda x: x is None)
+  for a, b in zip(flat(artifact), flat(back)):
+    if isinstance(a, float) and math.isnan(a):
+      assert math.isnan(b)
+    else:
+      assert type(a) is type(b) and np.array_equal(np.asarray(a), np.asarray(b))  # pylint: disable=unidiomatic-typecheck
+      assert getattr(a, "dtype", None) == getattr(b, "dtype", None)
+
+
+def test_an_unpicklable_artifact_is_refused_clearly():
+  with pytest.raises(ValueError, match="stored neither as arrays nor by pickle"):
+    artifacts.encode({"fn": lambda: None, "w": np.ones(1)})
+
+
+def test_a_pickled_artifact_survives_a_resume_and_a_damaged_file_is_retrained(tmp_path):
+  seeds = []
+
+  def train(hparams, seed):
+    seeds.append(seed)
+    return ex.train_fn(hparams, seed)[0], Model(np.full(2, seed % 1000, np.float64))
+  first = random_search(train, GRID, repetitions=K, key=jax.random.key(4), dp_event=ex.dp_event,
+                        run_dir=str(tmp_path))
+  assert first.artifact == Model(np.full(2, first.seed % 1000, np.float64))
+  for name in os.listdir(tmp_path / "params"):  # every artifact file damaged
+    path = tmp_path / "params" / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+  del seeds[:]
+  with pytest.warns(UserWarning, match="moved to"):
+    second = random_search(train, GRID, repetitions=K, key=jax.random.key(4), dp_event=ex.dp_event,
+                           run_dir=str(tmp_path))
+  assert len(seeds) == len(set(seeds)) == first.num_candidates  # each retrained once
+  assert (second.artifact, second.score, second.seed) == (first.artifact, first.score, first.seed)
+
+
+def test_run_dir_refuses_another_function_or_event(tmp_path):
+  random_search(ex.train_fn, GRID, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event,
+                run_dir=str(tmp_path))
+
+  def other_train(hparams, seed):  # another function: another mechanism
+    return ex.train_fn(hparams, seed)
+  with pytest.raises(SearchMismatchError, match="train_fn"):
+    random_search(other_train, GRID, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event,
+                  run_dir=str(tmp_path))
+  # The same functions, one grid point's event changed (a noise the function now reads).
+  def other_event(hparams):
+    return acc.dpsgd_event(0.1, 5.0, 200)
+  with pytest.raises(SearchMismatchError, match="dp_event"):
+    random_search(ex.train_fn, GRID, repetitions=K, key=jax.random.key(0), dp_event=other_event,
+                  run_dir=str(tmp_path))
+  with pytest.raises(SearchMismatchError, match="dp_event"):  # the dry run refuses it too
+    dry_run(ex.train_fn, GRID, repetitions=K, key=jax.random.key(0), dp_event=other_event,
+            run_dir=str(tmp_path))
+
+
+def test_a_non_private_event_warns():
+  with pytest.warns(NotPrivateWarning, match="epsilon = inf"):
+    result = random_search(lambda hp, seed: (1.0, None), {"a": [1]}, repetitions=K,
+                           key=jax.random.key(0), dp_event=lambda hp: dpa.NonPrivateDpEvent())
+  assert result.epsilon == math.inf
+
+
+def test_call_seeds_are_the_candidates_ids():
+  plan = FunctionPlan.build(ex.train_fn, GRID, ex.dp_event)
+  cands = search_lib.draw_search(plan, acc.Poisson(mean=50), jax.random.key(0))
+  seeds = [call_seed(c) for c in cands]
+  assert seeds == [int(c.id, 16) >> 1 for c in cands]
+  assert len(set(seeds)) == len({c.id for c in cands})
+  assert pickle.loads(pickle.dumps(plan)).points == plan.points  # a Ray worker gets it whole
