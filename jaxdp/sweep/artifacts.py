@@ -8,9 +8,10 @@ structure in the record. `decode` rebuilds the artifact from both.
 
 Pickle-free: None, bool, int, str, float (as a float64 array: every bit),
 NumPy arrays and scalars of a numeric dtype (bfloat16 included), JAX arrays
-(read back as JAX arrays), and exact `dict` (string keys), `list` and
-`tuple` containers of those, nested. They are read back equal in type and
-bits. Anything else (a PyTorch `state_dict`, a scikit-learn model, a dict
+(read back as JAX arrays on the default device, without weak types or
+sharding), and exact `dict` (string keys), `list` and
+`tuple` containers of those, nested (an object held twice is read back as
+two copies). They are read back equal in type and bits. Anything else (a PyTorch `state_dict`, a scikit-learn model, a dict
 subclass, a NumPy object array) is stored whole as one `pickle` (protocol
 4) in a uint8 array. Reading a pickle runs code the file names: a run
 directory must be trusted like the code that wrote it (it is as secret as the
@@ -57,6 +58,8 @@ def _node(value: Any, leaves: list):
     leaves.append(np.float64(value).reshape(()))
     return ["float", len(leaves) - 1]
   if isinstance(value, jax.Array):
+    if jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+      return None  # a typed key: pickled whole, its implementation with it
     array = np.asarray(value)
     kind = "jax"
   elif type(value) is np.ndarray or isinstance(value, np.generic):  # pylint: disable=unidiomatic-typecheck
@@ -86,12 +89,15 @@ def encode(artifact: Any) -> tuple:
     ValueError: the artifact can be neither stored as arrays nor pickled.
   """
   leaves: list = []
-  structure = _node(artifact, leaves)
+  try:
+    structure = _node(artifact, leaves)
+  except RecursionError:  # a container that holds itself: pickle keeps the reference
+    structure = None
   if structure is not None:
     return structure, leaves
   try:
     blob = pickle.dumps(artifact, protocol=PICKLE_PROTOCOL)
-  except Exception as err:  # pickle raises PicklingError, TypeError, AttributeError, ...
+  except Exception as err:  # pylint: disable=broad-except  # PicklingError, TypeError, RecursionError, ...
     raise ValueError(
         f"train_fn's artifact ({type(artifact).__name__}) can be stored neither as arrays nor by "
         f"pickle ({type(err).__name__}: {err}); return arrays, a state_dict or another picklable "

@@ -36,6 +36,7 @@ return a non-finite score, which counts as the worst).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -76,19 +77,22 @@ def call_seed(candidate: Candidate) -> int:
 def function_identity(fn: Callable) -> dict:
   """What a run directory records of a function: its module and qualified name, and the
   sha256 of its source (of its class's, for a callable object; of its bytecode when Python
-  has no source, e.g. a function typed at a prompt). A `functools.partial` records its
-  function's identity and the names of its bound keywords, not their values (they may be
-  data)."""
+  has no source, e.g. a function typed at a prompt). A wrapper (`functools.wraps`,
+  `functools.lru_cache`, `jax.jit`) is recorded as the function it wraps. A
+  `functools.partial` records its function's identity and the names of its bound keywords,
+  not their values (they may be data); nor is what a closure or an object holds recorded
+  (README, "Privacy assumptions")."""
   if isinstance(fn, functools.partial):
     return {"partial": function_identity(fn.func), "args": len(fn.args),
             "keywords": sorted(fn.keywords)}
+  fn = inspect.unwrap(fn)
   target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn)
   name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
   try:
     code = inspect.getsource(target).encode()
   except (OSError, TypeError):  # no source file (a prompt, a builtin)
-    code = marshal.dumps(fn.__code__) if hasattr(fn, "__code__") else b""
-  return {"name": name, "code_sha256": hashlib.sha256(code).hexdigest()}
+    code = marshal.dumps(fn.__code__) if hasattr(fn, "__code__") else None
+  return {"name": name, "code_sha256": None if code is None else hashlib.sha256(code).hexdigest()}
 
 
 def function_name(fn: Callable) -> str:
@@ -110,7 +114,7 @@ def checked_event(event_fn: Callable, hparams: Mapping[str, Any]) -> dp_accounti
       exception is the cause): before a search draws anything.
   """
   try:
-    events = [event_fn(dict(hparams)) for _ in range(2)]
+    events = [event_fn(copy.deepcopy(dict(hparams))) for _ in range(2)]
   except Exception as err:  # the user's function: say which point, keep its error as the cause
     raise ValueError(f"dp_event raised {type(err).__name__} for hyperparameters {dict(hparams)}: "
                      f"{err}") from err
@@ -194,7 +198,23 @@ class FunctionPlan:
       if not callable(fn):
         raise ValueError(f"{name} must be a callable, got {fn!r:.200}")
     grid = checked_grid(grid, argument)
+    for name, values in grid.items():
+      for value in values:
+        try:
+          json.dumps(value)
+        except (TypeError, ValueError):
+          raise ValueError(
+              f"{argument}[{name!r}] holds {value!r:.100} ({type(value).__name__}): a training "
+              "function's hyperparameters must be JSON values (numbers, strings, bools, None, "
+              "lists and dicts of them), as they key its candidates and are stored in a run_dir; "
+              "name an object by a string and look it up in train_fn") from None
     points = tuple(dict(zip(grid, combo)) for combo in itertools.product(*grid.values()))
+    seen: dict = {}
+    for point in points:
+      other = seen.setdefault(point_key(point), point)
+      if other is not point:
+        raise ValueError(f"{argument} points {other} and {point} are the same candidate (their "
+                         "values are equal as JSON, e.g. a tuple and a list): give each value once")
     if noise is not None and noise[0] in grid:
       raise ValueError(f"target_epsilon sets {noise[0]!r} for the whole search: remove it from "
                        f"the {argument}")
@@ -302,15 +322,19 @@ def _score(value: Any, hparams: Mapping[str, Any], seed: int) -> float:
   if callable(item) and not isinstance(value, (bool, str, bytes, numbers.Number)):
     try:
       value = item()
-    except (TypeError, ValueError, RuntimeError):  # more than one element: refused below
+    except Exception:  # pylint: disable=broad-except  # more than one element: refused below
       pass
   if isinstance(value, np.generic):
     value = value.item()
+  message = (f"train_fn must return (score, artifact) with a real score (higher is better), got "
+             f"a score of type {type(value).__name__} ({value!r:.100}) for hyperparameters "
+             f"{dict(hparams)}, seed {seed}")
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise ValueError(f"train_fn must return (score, artifact) with a real score (higher is better), "
-                     f"got a score of type {type(value).__name__} ({value!r:.100}) for "
-                     f"hyperparameters {dict(hparams)}, seed {seed}")
-  return float(value)
+    raise ValueError(message)
+  try:
+    return float(value)
+  except OverflowError:  # an int beyond float's range
+    raise ValueError(message + ", beyond a float's range") from None
 
 
 def call(plan: FunctionPlan, candidate: Candidate) -> FunctionResult:
@@ -324,7 +348,7 @@ def call(plan: FunctionPlan, candidate: Candidate) -> FunctionResult:
   seed = call_seed(candidate)
   began = time.perf_counter()
   try:
-    out = plan.train_fn(dict(run.hparams), seed)
+    out = plan.train_fn(copy.deepcopy(dict(run.hparams)), seed)  # its own: what it mutates stays there
   except Exception as err:
     raise TrainFunctionError(
         f"train_fn raised {type(err).__name__} for hyperparameters {dict(run.hparams)}, seed "

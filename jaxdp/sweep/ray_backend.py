@@ -100,7 +100,10 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
 
   Args:
     candidates: the candidates.
-    data: their `jaxdp.sweep.SearchPlan`, or a `Dataset` of which the plan is
+    data: their `jaxdp.sweep.SearchPlan` (or `jaxdp.sweep.functions.FunctionPlan`: a
+      training function, shipped to the workers by cloudpickle, so its module must be
+      importable there or registered with `cloudpickle.register_pickle_by_value`), or a
+      `Dataset` of which the plan is
       built here, on the driver (checked once); the plan is put in Ray's
       object store once, with the candidates, and each worker deserialises
       them once per call and checks nothing again.
@@ -183,7 +186,7 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
       idx = pending.pop(ready[0])
       chunk = ray.get(ready[0])
       resumed = [f"{candidates[i].id} at step {res.resumed_step}" for i, res in zip(idx, chunk)
-                 if res.resumed_step]
+                 if token is not None and res.resumed_step]  # only checkpointed runs resume
       if resumed:
         _say(f"candidate(s) {', '.join(resumed)} resumed from their checkpoints (a task Ray "
              "retried after its worker or node was lost, or a rerun)")

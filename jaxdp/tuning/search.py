@@ -20,6 +20,7 @@ or a `FunctionPlan`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -216,7 +217,11 @@ def _prepare_function(train_fn, grid, event_fn, *, delta, target_epsilon, outer,
   plan = FunctionPlan.build(train_fn, grid, event_fn, noise=noise, argument="search_space")
   # Accounted from the events of the hyperparameters that will run, never from the target.
   event = outer(planning.plan_event(plan))
-  epsilon = acc.epsilon(event, delta, method="best")
+  try:
+    epsilon = acc.epsilon(event, delta, method="best")
+  except (ArithmeticError, TypeError) as err:  # e.g. LaplaceDpEvent(0.0), a string noise
+    raise ValueError(f"dp_event's events cannot be accounted ({type(err).__name__}: {err}): "
+                     f"{acc.describe(event):.300}") from err
   if target_epsilon is not None and epsilon > target_epsilon:
     raise ValueError(f"the calibrated search accounts to epsilon={epsilon!r} > "
                      f"target_epsilon={target_epsilon!r}; nothing was trained")
@@ -500,9 +505,15 @@ def _random_search_plan(config, search_space, data, *, repetitions, key, delta, 
   if trainer is None and isinstance(plan, SearchPlan):  # another backend lays out its own
     engine.check_layout(plan, engine_kwargs.get("devices"))
   fingerprint = plan.search_fields("random_search", key, repetitions=repetitions,
-                                   delta=plan.delta, target_epsilon=target_epsilon)
+                                   delta=plan.delta, target_epsilon=target_epsilon,
+                                   **_function_fields(plan))
   return plan, dict(run_dir=run_dir, fingerprint=fingerprint, trainer=trainer,
                     engine_kwargs=engine_kwargs)
+
+
+def _function_fields(plan) -> dict:
+  """What a training function's search adds to its fingerprint: the calibrated hyperparameter."""
+  return {"noise_parameter": plan.noise_parameter} if isinstance(plan, FunctionPlan) else {}
 
 
 def _released(plan, store: CandidateStore, cands: list, results: list,
@@ -517,7 +528,7 @@ def _released(plan, store: CandidateStore, cands: list, results: list,
                 noise_multiplier=plan.noise_multiplier, resumed=store.resumed)
   if isinstance(plan, FunctionPlan):
     return TunedFunctionResult(
-        hyperparameters=dict(cands[chosen].config.hparams) if some else None,
+        hyperparameters=copy.deepcopy(dict(cands[chosen].config.hparams)) if some else None,
         artifact=results[chosen].artifact if some else None,
         seed=results[chosen].seed if some else None, **common)
   return TunedResult(
@@ -626,7 +637,8 @@ def threshold_search(config: Union[TrainConfig, SearchSpace, Callable],
     engine.check_layout(plan, engine_kwargs.get("devices"))
   fingerprint = plan.search_fields("threshold_search", key, threshold=threshold,
                                    stop_prob=stop_prob, max_candidates=max_candidates,
-                                   delta=plan.delta, target_epsilon=target_epsilon)
+                                   delta=plan.delta, target_epsilon=target_epsilon,
+                                   **_function_fields(plan))
   cands, results, chosen = [], [], None
   with CandidateStore(plan, run_dir=run_dir, fingerprint=fingerprint, trainer=trainer,
                       engine_kwargs=engine_kwargs) as store:

@@ -50,3 +50,33 @@ def test_a_worker_compiles_a_search_once(local_ray, digits, base_config):
   compiled = [r for r in results if r.compile_time_s > 0]
   assert 1 <= len(compiled) <= 2, [r.compile_time_s for r in results]
 
+
+
+def test_a_training_function_runs_on_ray_with_the_local_release(local_ray, tmp_path):
+  """`trainer=` ships a training function to the workers (by value here: the workers need not
+  import the example's module) and releases what the local search releases."""
+  import functools  # pylint: disable=g-import-not-at-top
+
+  import cloudpickle  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from examples import dp_logistic_regression as ex  # pylint: disable=g-import-not-at-top
+  from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning import random_search  # pylint: disable=g-import-not-at-top
+
+  cloudpickle.register_pickle_by_value(ex)
+  try:
+    args = dict(repetitions=acc.Poisson(mean=4), key=jax.random.key(5), dp_event=ex.dp_event)
+    grid = dict(ex.GRID, noise_multiplier=[4.0])
+    local = random_search(ex.train_fn, grid, **args)
+    remote = random_search(ex.train_fn, grid, run_dir=str(tmp_path), progress=True,
+                           trainer=functools.partial(train_candidates_ray, chunk_size=2), **args)
+  finally:
+    cloudpickle.unregister_pickle_by_value(ex)
+  assert (remote.hyperparameters, remote.seed, remote.num_candidates, remote.epsilon) == \
+      (local.hyperparameters, local.seed, local.num_candidates, local.epsilon)
+  # Another process on this machine: the same NumPy kernels, so the same bits but for round-off
+  # a BLAS thread split could change (a tolerance, not exactness, across processes).
+  assert remote.score == pytest.approx(local.score, abs=1e-12)
+  np.testing.assert_allclose(remote.artifact["w"], local.artifact["w"], rtol=1e-10)

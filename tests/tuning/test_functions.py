@@ -175,6 +175,12 @@ def test_scores_may_be_numpy_or_jax_scalars(score):
     (dict(grid=ex.GRID), r"dp_event raised KeyError for hyperparameters \{'learning_rate': 0.3"),
     (dict(grid=ex.GRID, target_epsilon=1e-3, noise_parameter="noise_multiplier"),
      "target_epsilon=0.001 is out of reach for this search: even noise_multiplier=1000.0"),
+    (dict(grid={"sigma": [float("nan"), 0.5]}, dp_event=lambda hp: dpa.GaussianDpEvent(hp["sigma"])),
+     r"noise_multiplier is NaN"),
+    (dict(grid={"sigma": [0.0]}, dp_event=lambda hp: dpa.LaplaceDpEvent(hp["sigma"])),
+     "dp_event's events cannot be accounted"),
+    (dict(grid={"size": [(64, 64), [64, 64]]}), "are the same candidate"),
+    (dict(grid={"activation": [np.tanh]}), "must be JSON values"),
     (dict(key=0), "key"),
     (dict(repetitions=5), "repetitions must be"),
     (dict(run_dir=3), "run_dir must be None or a directory path"),
@@ -201,6 +207,7 @@ def test_a_config_path_refuses_the_function_arguments(no_work, digits, base_conf
     ((True, None), "real score .* got a score of type bool"),
     ((np.ones(3), None), "real score .* got a score of type ndarray"),
     ((1 + 2j, None), "real score .* got a score of type complex"),
+    ((10**400, None), "beyond a float's range"),
 ])
 def test_a_bad_return_fails_at_the_first_call_naming_the_candidate(returned, match):
   calls = []
@@ -249,7 +256,7 @@ class Model:
     (jax.numpy.ones(3, jax.numpy.bfloat16), False),
     ({"w": np.ones(2), "meta": [1, (2.0, None)], "nested": {"b": np.float64(0.5)}}, False),
     (Model(np.ones(2)), True), ({1: np.ones(1)}, True), (np.array(["a", "b"]), True),
-    (np.array([object()]), True),
+    (np.array([object()]), True), (jax.random.key(3), True),
 ])
 def test_artifacts_round_trip_in_type_and_bits(artifact, pickled):
   structure, leaves = artifacts.encode(artifact)
@@ -263,12 +270,32 @@ def test_artifacts_round_trip_in_type_and_bits(artifact, pickled):
     return
   assert type(back) is type(artifact)  # pylint: disable=unidiomatic-typecheck
   flat = lambda t: jax.tree.leaves(t, is_leaf=lambda x: x is None)
+  if isinstance(artifact, jax.Array) and jax.numpy.issubdtype(artifact.dtype, jax.dtypes.prng_key):
+    np.testing.assert_array_equal(jax.random.key_data(back), jax.random.key_data(artifact))
+    return
   for a, b in zip(flat(artifact), flat(back)):
     if isinstance(a, float) and math.isnan(a):
       assert math.isnan(b)
     else:
       assert type(a) is type(b) and np.array_equal(np.asarray(a), np.asarray(b))  # pylint: disable=unidiomatic-typecheck
       assert getattr(a, "dtype", None) == getattr(b, "dtype", None)
+
+
+def test_a_container_that_holds_itself_is_pickled_with_its_reference():
+  loop = [np.ones(1)]
+  loop.append(loop)
+  structure, leaves = artifacts.encode(loop)
+  back = artifacts.decode(structure, leaves)
+  assert structure[0] == "pickle" and back[1] is back
+
+
+def test_a_wrapped_function_is_recorded_as_what_it_wraps():
+  import functools  # pylint: disable=g-import-not-at-top
+  from jaxdp.sweep.functions import function_identity  # pylint: disable=g-import-not-at-top
+  plain = function_identity(ex.train_fn)
+  assert function_identity(functools.lru_cache(ex.train_fn)) == plain
+  assert function_identity(jax.jit(ex.dp_event)) == function_identity(ex.dp_event)
+  assert plain["name"] == "examples.dp_logistic_regression.train_fn" and plain["code_sha256"]
 
 
 def test_an_unpicklable_artifact_is_refused_clearly():
@@ -332,3 +359,22 @@ def test_call_seeds_are_the_candidates_ids():
   assert seeds == [int(c.id, 16) >> 1 for c in cands]
   assert len(set(seeds)) == len({c.id for c in cands})
   assert pickle.loads(pickle.dumps(plan)).points == plan.points  # a Ray worker gets it whole
+
+
+def test_a_function_that_mutates_its_hyperparameters_changes_nothing_recorded_or_released():
+  seen = []
+
+  def train(hparams, seed):
+    seen.append(dict(hparams, sizes=list(hparams["sizes"])))
+    hparams["learning_rate"] = 99.0
+    hparams["extra"] = [1]
+    hparams["sizes"][0] *= 2  # in place, inside a value
+    return hparams["l2_clip_norm"], None
+  grid = dict(GRID, sizes=[[4, 4]])
+  result = random_search(train, grid, repetitions=acc.Poisson(mean=10), key=jax.random.key(0),
+                         dp_event=ex.dp_event)
+  assert len(seen) > 2 and all(s["learning_rate"] in GRID["learning_rate"] and "extra" not in s
+                               and s["sizes"] == [4, 4] for s in seen)
+  assert result.hyperparameters["learning_rate"] in GRID["learning_rate"]
+  assert "extra" not in result.hyperparameters and result.hyperparameters["sizes"] == [4, 4]
+  assert grid["sizes"] == [[4, 4]]

@@ -1,0 +1,78 @@
+"""The examples of "Tune any trainer" run: the NumPy one in the default suite, the Opacus one
+(slow) where PyTorch and Opacus are installed (`pip install -e '.[opacus]'`)."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from examples import dp_logistic_regression
+from jaxdp import accounting as acc
+from jaxdp.tuning import random_search
+
+
+def test_numpy_example_main_prints_the_release_as_json(capsys):
+  out = dp_logistic_regression.main(["--mean-candidates", "3", "--target-epsilon", "2.0"])
+  printed = json.loads(capsys.readouterr().out)
+  assert printed["epsilon"] == out["epsilon"] <= 2.0
+  assert printed["hyperparameters"]["noise_multiplier"] == printed["noise_multiplier"]
+  assert 0.5 < printed["score"] <= 1.0  # 169 public test examples, better than a coin
+
+
+@pytest.mark.parametrize("module", ["dp_logistic_regression", "opacus_search"])
+def test_examples_have_help(module, capsys):
+  mod = pytest.importorskip(f"examples.{module}")
+  with pytest.raises(SystemExit) as done:
+    mod.main(["--help"])
+  assert done.value.code == 0 and "--target-epsilon" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # PyTorch's import and six Opacus runs: about 15 s
+def test_opacus_search_resumes_and_accounts_what_opacus_ran(tmp_path):
+  pytest.importorskip("opacus", reason="the Opacus example needs: pip install -e '.[opacus]'")
+  from examples import opacus_search  # pylint: disable=g-import-not-at-top
+  hparams = dict(opacus_search.GRID, noise_multiplier=[2.0])
+  hparams = {k: v[0] for k, v in hparams.items()}
+  # The same seed, the same run: what a resume relies on (train_fn also checks Opacus's history).
+  a, b = opacus_search.train_fn(hparams, 7), opacus_search.train_fn(hparams, 7)
+  assert a[0] == b[0] and all(np.array_equal(a[1][k], b[1][k]) for k in a[1])
+  calls = []
+
+  def counted(hp, seed):
+    calls.append(seed)
+    return opacus_search.train_fn(hp, seed)
+  args = dict(repetitions=acc.Poisson(mean=3), key=jax.random.key(0), dp_event=opacus_search.dp_event,
+              target_epsilon=3.0, noise_parameter="noise_multiplier", run_dir=str(tmp_path))
+  first = random_search(counted, opacus_search.GRID, **args)
+  assert len(calls) == first.num_candidates >= 1 and first.epsilon <= 3.0
+  assert first.epsilon == acc.epsilon(acc.RepeatAndSelect(acc.UniformCandidates(
+      [acc.dpsgd_event(1 / 8, first.noise_multiplier, 40), acc.dpsgd_event(1 / 4, first.noise_multiplier, 20)]),
+      acc.Poisson(mean=3)), 1e-5)
+  del calls[:]
+  second = random_search(counted, opacus_search.GRID, **args)
+  assert calls == [] and second.score == first.score
+  assert all(np.array_equal(second.artifact[k], first.artifact[k]) for k in first.artifact)
+
+
+def test_readme_tune_any_trainer_snippet_runs_and_prints_what_the_readme_quotes():
+  """The section's snippet, run here, and the numbers it quotes for the example's command.
+
+  Tolerances: sigma is the root of a calibration to 0.1% (`acc.noise_for`'s rtol), over epsilons
+  that differ between machines in their last bits, so it may land elsewhere within that 0.1%:
+  sigma and epsilon to 2e-3 relative; the score (accuracy on 169 examples) to one example."""
+  import os  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+  section = readme.split("## Tune any trainer\n", 1)[1].split("\n## ", 1)[0]
+  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+  quoted = json.loads(re.search(r"```text\n(.*?)```", section, re.S).group(1))
+  scope = {}
+  exec(compile(code, "README.md", "exec"), scope)  # pylint: disable=exec-used
+  result = scope["result"]
+  assert result.hyperparameters == pytest.approx(quoted["hyperparameters"], rel=2e-3)
+  assert result.epsilon == pytest.approx(quoted["epsilon"], rel=2e-3) and result.epsilon <= 2.0
+  assert result.num_candidates == quoted["num_candidates"]
+  assert abs(result.score - quoted["score"]) <= 1 / 169 + 1e-4
+  single = acc.epsilon(acc.dpsgd_event(0.1, result.noise_multiplier, 200), 1e-5)
+  assert f"({single:.2f}, 1e-5)-DP" in section
