@@ -93,21 +93,25 @@ GRID = {"learning_rate": [0.3, 1.0, 3.0], "l2_clip_norm": [0.5, 2.0], "sampling_
         "steps": [200]}
 
 
-def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def search_main(train, event, grid, argv, *, description: str, target_epsilon: float,
+                mean_candidates: float) -> dict:
+  """The examples' command line: a private random search of `train` over `grid`, its noise
+  calibrated through `event`; prints the release as JSON and returns it."""
+  parser = argparse.ArgumentParser(description=description,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--target-epsilon", type=float, default=2.0,
-                      help="epsilon of the whole search, at --delta (default 2.0)")
+  parser.add_argument("--target-epsilon", type=float, default=target_epsilon,
+                      help=f"epsilon of the whole search, at --delta (default {target_epsilon})")
   parser.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
-  parser.add_argument("--mean-candidates", type=float, default=8.0,
-                      help="E[K] of the Poisson number of candidates (default 8)")
-  parser.add_argument("--seed", type=int, default=0, help="the search's key (default 0)")
+  parser.add_argument("--mean-candidates", type=float, default=mean_candidates,
+                      help=f"E[K] of the Poisson number of candidates (default {mean_candidates:g})")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="the search's key (default 0; in real use a secret, random one)")
   parser.add_argument("--run-dir", default=None,
                       help="durable run directory: rerun the same command to resume (default: none)")
   args = parser.parse_args(argv)
   began = time.perf_counter()
-  result = random_search(train_fn, GRID, repetitions=acc.Poisson(mean=args.mean_candidates),
-                         key=jax.random.key(args.seed), dp_event=dp_event, delta=args.delta,
+  result = random_search(train, grid, repetitions=acc.Poisson(mean=args.mean_candidates),
+                         key=jax.random.key(args.seed), dp_event=event, delta=args.delta,
                          target_epsilon=args.target_epsilon, noise_parameter="noise_multiplier",
                          run_dir=args.run_dir, progress=True)
   out = {"hyperparameters": result.hyperparameters, "score": result.score,
@@ -116,6 +120,11 @@ def main(argv=None) -> dict:
          "seconds": round(time.perf_counter() - began, 2)}
   print(json.dumps(out, indent=1))
   return out
+
+
+def main(argv=None) -> dict:
+  return search_main(train_fn, dp_event, GRID, argv, description=__doc__.split("\n\n")[0],
+                     target_epsilon=2.0, mean_candidates=8.0)
 
 
 if __name__ == "__main__":

@@ -18,18 +18,13 @@ Data: scikit-learn's breast-cancer set as in `examples.dp_logistic_regression`
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import time
 import warnings
 
-import jax
 import numpy as np
 
-from examples.dp_logistic_regression import NUM_EXAMPLES, load_data
+from examples.dp_logistic_regression import NUM_EXAMPLES, load_data, search_main
 from jaxdp import accounting as acc
-from jaxdp.tuning import random_search
 
 #: The grid: every combination is one candidate's hyperparameters (the noise is calibrated).
 GRID = {"learning_rate": [0.05, 0.2], "l2_clip_norm": [1.0], "batch_size": [50, 100], "epochs": [5],
@@ -89,28 +84,8 @@ def train_fn(hparams: dict, seed: int) -> tuple:
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--target-epsilon", type=float, default=3.0,
-                      help="epsilon of the whole search, at --delta (default 3.0)")
-  parser.add_argument("--delta", type=float, default=1e-5, help="delta (default 1e-5)")
-  parser.add_argument("--mean-candidates", type=float, default=4.0,
-                      help="E[K] of the Poisson number of candidates (default 4)")
-  parser.add_argument("--seed", type=int, default=0, help="the search's key (default 0)")
-  parser.add_argument("--run-dir", default=None,
-                      help="durable run directory: rerun the same command to resume (default: none)")
-  args = parser.parse_args(argv)
-  began = time.perf_counter()
-  result = random_search(train_fn, GRID, repetitions=acc.Poisson(mean=args.mean_candidates),
-                         key=jax.random.key(args.seed), dp_event=dp_event, delta=args.delta,
-                         target_epsilon=args.target_epsilon, noise_parameter="noise_multiplier",
-                         run_dir=args.run_dir, progress=True)
-  out = {"hyperparameters": result.hyperparameters, "score": result.score,
-         "epsilon": result.epsilon, "delta": result.delta, "noise_multiplier": result.noise_multiplier,
-         "num_candidates": result.num_candidates, "resumed": result.resumed,
-         "seconds": round(time.perf_counter() - began, 2)}
-  print(json.dumps(out, indent=1))
-  return out
+  return search_main(train_fn, dp_event, GRID, argv, description=__doc__.split("\n\n")[0],
+                     target_epsilon=3.0, mean_candidates=4.0)
 
 
 if __name__ == "__main__":

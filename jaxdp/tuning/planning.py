@@ -77,13 +77,19 @@ def calibrate_noise(space: SearchSpace, num_examples: int, outer: Callable[[Any]
   def make_event(sigma):
     return outer(candidate_event(with_noise(space, sigma), num_examples))
 
+  return _noise_for(make_event, target_epsilon, delta,
+                    lambda: _out_of_reach(space, make_event, outer, target_epsilon, delta))
+
+
+def _noise_for(make_event, target_epsilon: float, delta: float, why: Callable[[], str]) -> float:
+  """`inverse.noise_for` up to `SIGMA_MAX`, its out-of-reach error told by `why()`."""
   try:
     return inverse.noise_for(make_event, target_epsilon, delta, sigma_max=SIGMA_MAX,
                              where=" for this search")
   except ValueError as err:
     if "out of reach" not in str(err):
       raise
-    raise ValueError(_out_of_reach(space, make_event, outer, target_epsilon, delta)) from None
+    raise ValueError(why()) from None
 
 
 def _out_of_reach(space: SearchSpace, make_event, outer, target_epsilon: float, delta: float) -> str:
@@ -122,18 +128,15 @@ def calibrate_function_noise(train_fn, grid, event_fn, name: str, outer: Callabl
   if make_event(1.0) == make_event(2.0):
     raise ValueError(f"dp_event gives the same events for {name}=1.0 and {name}=2.0: it does not "
                      f"read noise_parameter={name!r}, so target_epsilon cannot calibrate it")
-  try:
-    return inverse.noise_for(make_event, target_epsilon, delta, sigma_max=SIGMA_MAX,
-                             where=" for this search")
-  except ValueError as err:
-    if "out of reach" not in str(err):
-      raise
+
+  def why() -> str:
     at_max = acc.epsilon(make_event(SIGMA_MAX), delta, "best")
-    raise ValueError(f"target_epsilon={target_epsilon!r} is out of reach for this search: even "
-                     f"{name}={SIGMA_MAX!r} (the largest value tried) gives epsilon={at_max:.4g} at "
-                     f"delta={delta!r}. The part of dp_event's event that {name} does not change "
-                     "(a DP score's, say) may alone cost more: raise the target, or spend less "
-                     "there") from None
+    return (f"target_epsilon={target_epsilon!r} is out of reach for this search: even "
+            f"{name}={SIGMA_MAX!r} (the largest value tried) gives epsilon={at_max:.4g} at "
+            f"delta={delta!r}. The part of dp_event's event that {name} does not change (a DP "
+            "score's, say) may alone cost more: raise the target, or spend less there")
+
+  return _noise_for(make_event, target_epsilon, delta, why)
 
 
 def k_quantile(repetitions: acc.KDistribution, p: float) -> int:

@@ -193,9 +193,18 @@ def prepare(config: Union[TrainConfig, SearchSpace, Callable], search_space: Opt
       raise ValueError(f"target_epsilon calibrated noise_multiplier={sigma!r}, but the search's "
                        f"configurations run with {ignored} (a SearchSpace derive sets it?): give "
                        "either target_epsilon or the noise multipliers, not both")
-  # Accounted from the configurations that will run, never from the target.
+  return _accounted(plan, outer, delta, target_epsilon, sigma)
+
+
+def _accounted(plan, outer, delta: float, target_epsilon: Optional[float], sigma: Optional[float]):
+  """`plan` with the whole search's event and epsilon, accounted from the runs that will run,
+  never from the target (which it must meet)."""
   event = outer(planning.plan_event(plan))
-  epsilon = acc.epsilon(event, delta, method="best")
+  try:
+    epsilon = acc.epsilon(event, delta, method="best")
+  except (ArithmeticError, TypeError) as err:  # e.g. LaplaceDpEvent(0.0), a string noise
+    raise ValueError(f"the search's events cannot be accounted ({type(err).__name__}: {err}): "
+                     f"{acc.describe(event):.300}") from err
   if target_epsilon is not None and epsilon > target_epsilon:
     raise ValueError(f"the calibrated search accounts to epsilon={epsilon!r} > "
                      f"target_epsilon={target_epsilon!r}; nothing was trained")
@@ -215,21 +224,12 @@ def _prepare_function(train_fn, grid, event_fn, *, delta, target_epsilon, outer,
         train_fn, grid, event_fn, noise_parameter, outer, target_epsilon=target_epsilon,
         delta=delta))
   plan = FunctionPlan.build(train_fn, grid, event_fn, noise=noise, argument="search_space")
-  # Accounted from the events of the hyperparameters that will run, never from the target.
-  event = outer(planning.plan_event(plan))
-  try:
-    epsilon = acc.epsilon(event, delta, method="best")
-  except (ArithmeticError, TypeError) as err:  # e.g. LaplaceDpEvent(0.0), a string noise
-    raise ValueError(f"dp_event's events cannot be accounted ({type(err).__name__}: {err}): "
-                     f"{acc.describe(event):.300}") from err
-  if target_epsilon is not None and epsilon > target_epsilon:
-    raise ValueError(f"the calibrated search accounts to epsilon={epsilon!r} > "
-                     f"target_epsilon={target_epsilon!r}; nothing was trained")
-  if math.isinf(epsilon):
-    warnings.warn(f"this search is not differentially private: its event ({acc.describe(event):.200}) "
-                  "accounts to epsilon = inf", NotPrivateWarning, stacklevel=4)
-  return plan.accounted(event=event, epsilon=epsilon, delta=delta,
-                        noise_multiplier=None if noise is None else noise[1])
+  plan = _accounted(plan, outer, delta, target_epsilon, None if noise is None else noise[1])
+  if math.isinf(plan.epsilon):
+    warnings.warn(f"this search is not differentially private: its event "
+                  f"({acc.describe(plan.event):.200}) accounts to epsilon = inf", NotPrivateWarning,
+                  stacklevel=4)
+  return plan
 
 
 def draw_search(space: SearchSpace, repetitions: acc.KDistribution, key: jax.Array) -> list:

@@ -178,7 +178,7 @@ def test_scores_may_be_numpy_or_jax_scalars(score):
     (dict(grid={"sigma": [float("nan"), 0.5]}, dp_event=lambda hp: dpa.GaussianDpEvent(hp["sigma"])),
      r"noise_multiplier is NaN"),
     (dict(grid={"sigma": [0.0]}, dp_event=lambda hp: dpa.LaplaceDpEvent(hp["sigma"])),
-     "dp_event's events cannot be accounted"),
+     "the search's events cannot be accounted"),
     (dict(grid={"size": [(64, 64), [64, 64]]}), "are the same candidate"),
     (dict(grid={"activation": [np.tanh]}), "must be JSON values"),
     (dict(key=0), "key"),
