@@ -16,7 +16,7 @@ built once at the search's call, it holds every grid point's hyperparameters
 and DpEvent (checked: a `DpEvent`, the same on every call), and gives the
 durable store (`jaxdp.sweep.CandidateStore`) what it records: the
 mechanism per point (the hyperparameters, the DpEvent's repr, the function's
-identity: `function_identity`), the search's fingerprint, and the record of
+identity: `function_identity`, its code and what it holds), the search's fingerprint, and the record of
 each trained candidate with its artifact (`jaxdp.sweep.artifacts`).
 `train_functions` is its trainer, with `jaxdp.sweep.train_candidates`'s
 signature, so the Ray backend runs it on a cluster unchanged.
@@ -45,11 +45,14 @@ import itertools
 import json
 import marshal
 import numbers
+import pickle
 import time
+import types
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import dp_accounting
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -74,17 +77,25 @@ def call_seed(candidate: Candidate) -> int:
   return int(candidate.id, 16) >> (64 - SEED_BITS)
 
 
-def function_identity(fn: Callable) -> dict:
-  """What a run directory records of a function: its module and qualified name, and the
-  sha256 of its source (of its class's, for a callable object; of its bytecode when Python
-  has no source, e.g. a function typed at a prompt). A wrapper (`functools.wraps`,
-  `functools.lru_cache`, `jax.jit`) is recorded as the function it wraps. A
-  `functools.partial` records its function's identity and the names of its bound keywords,
-  not their values (they may be data); nor is what a closure or an object holds recorded
-  (README, "Privacy assumptions")."""
+#: How deep `function_identity` follows functions held by functions (a recursive closure stops).
+_DEPTH = 4
+
+
+def function_identity(fn: Callable, depth: int = _DEPTH) -> dict:
+  """What a run directory records of a function, so that a resume with another one is refused.
+
+  Its module and qualified name; the sha256 of its source (of its class's, for a callable
+  object; of its bytecode when Python has no source, e.g. a function typed at a prompt); and
+  the sha256 of what it holds besides its code (`_held`): a closure's cells, its defaults, a
+  `functools.partial`'s bound arguments, a callable object's attributes. Arrays are hashed by
+  their bytes, functions held by their own identity. A wrapper (`functools.wraps`,
+  `functools.lru_cache`, `jax.jit`) is recorded as the function it wraps. Not recorded: the
+  module globals it reads, the files it loads, the libraries it calls (README, "Privacy
+  assumptions").
+  """
   if isinstance(fn, functools.partial):
-    return {"partial": function_identity(fn.func), "args": len(fn.args),
-            "keywords": sorted(fn.keywords)}
+    return {"partial": function_identity(fn.func, depth),
+            "held_sha256": _digest([fn.args, fn.keywords], depth)}
   fn = inspect.unwrap(fn)
   target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn)
   name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
@@ -92,7 +103,63 @@ def function_identity(fn: Callable) -> dict:
     code = inspect.getsource(target).encode()
   except (OSError, TypeError):  # no source file (a prompt, a builtin)
     code = marshal.dumps(fn.__code__) if hasattr(fn, "__code__") else None
-  return {"name": name, "code_sha256": None if code is None else hashlib.sha256(code).hexdigest()}
+  return {"name": name, "code_sha256": None if code is None else hashlib.sha256(code).hexdigest(),
+          "held_sha256": _digest(_held(fn), depth)}
+
+
+def _held(fn) -> list:
+  """What `fn` holds besides its code."""
+  if inspect.ismethod(fn):
+    return [_held(fn.__func__), vars(fn.__self__) if hasattr(fn.__self__, "__dict__") else None]
+  if inspect.isfunction(fn):
+    cells = []
+    for cell in fn.__closure__ or ():
+      try:
+        cells.append(cell.cell_contents)
+      except ValueError:  # a cell not yet filled
+        cells.append(None)
+    return [cells, fn.__defaults__, fn.__kwdefaults__]
+  return [vars(fn)] if hasattr(fn, "__dict__") else []
+
+
+def _digest(value: Any, depth: int) -> Optional[str]:
+  """sha256 of a value as `_canonical` writes it (None for a container that holds itself)."""
+  try:
+    text = json.dumps(_canonical(value, depth), sort_keys=True)
+  except RecursionError:
+    return None
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _canonical(value: Any, depth: int):
+  """A JSON stand-in for `value`, the same in every process for equal values: containers by
+  their items, arrays by their bytes, functions by `function_identity`, modules and classes by
+  name, anything else by its pickle (by its type's name when it has none)."""
+  if value is None or isinstance(value, (bool, int, str)):
+    return value
+  if isinstance(value, float):
+    return repr(value)
+  if isinstance(value, (list, tuple)):
+    return [type(value).__name__, [_canonical(v, depth) for v in value]]
+  if isinstance(value, dict):
+    return ["dict", [[_canonical(k, depth), _canonical(v, depth)] for k, v in value.items()]]
+  if isinstance(value, (set, frozenset)):  # iteration order follows the process's hash seed
+    return ["set", sorted(json.dumps(_canonical(v, depth), sort_keys=True) for v in value)]
+  if isinstance(value, (np.ndarray, np.generic, jax.Array)) and not (
+      isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key)):
+    array = np.ascontiguousarray(np.asarray(value))
+    if array.dtype.kind != "O":
+      return ["array", str(array.dtype), list(array.shape), hashlib.sha256(array.tobytes()).hexdigest()]
+  if isinstance(value, types.ModuleType):
+    return ["module", value.__name__]
+  if isinstance(value, type):
+    return ["class", f"{value.__module__}.{value.__qualname__}"]
+  if callable(value) and depth > 0:
+    return ["function", function_identity(value, depth - 1)]
+  try:
+    return ["pickle", hashlib.sha256(pickle.dumps(value, protocol=4)).hexdigest()]
+  except Exception:  # pylint: disable=broad-except  # unpicklable: only its type is recorded
+    return ["object", f"{type(value).__module__}.{type(value).__qualname__}"]
 
 
 def function_name(fn: Callable) -> str:

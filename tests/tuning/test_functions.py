@@ -345,6 +345,49 @@ def test_run_dir_refuses_another_function_or_event(tmp_path):
             run_dir=str(tmp_path))
 
 
+def test_run_dir_refuses_other_data_a_function_holds(tmp_path):
+  """A partial's bound values and a closure's cells are recorded by their bytes: the same
+  function over other data is another mechanism."""
+  import functools  # pylint: disable=g-import-not-at-top
+
+  def train_on(hparams, seed, data):
+    return float(data.sum()) + ex.train_fn(hparams, seed)[0], None
+  data = np.arange(4.0)
+  args = dict(repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event, run_dir=str(tmp_path))
+  random_search(functools.partial(train_on, data=data), GRID, **args)
+  again = functools.partial(train_on, data=data.copy())  # equal data: the same search, resumed
+  assert random_search(again, GRID, **args).resumed > 0
+  other = data.copy()
+  other[0] = -1.0
+  with pytest.raises(SearchMismatchError, match="held_sha256"):
+    random_search(functools.partial(train_on, data=other), GRID, **args)
+
+  def closure_over(values):
+    def train(hparams, seed):
+      return float(values.sum()), None
+    return train
+  closure_args = dict(args, run_dir=str(tmp_path / "closure"))
+  random_search(closure_over(data), GRID, **closure_args)
+  assert random_search(closure_over(data.copy()), GRID, **closure_args).resumed > 0
+  with pytest.raises(SearchMismatchError, match="held_sha256"):
+    random_search(closure_over(other), GRID, **closure_args)
+
+
+@pytest.mark.slow  # three fresh interpreters importing JAX: about 8 s
+def test_a_functions_identity_is_the_same_in_another_process():
+  """Sets iterate in an order the process's hash seed decides: the identity must not."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ("import json, functools; from jaxdp.sweep.functions import function_identity; "
+          "from examples.dp_logistic_regression import train_fn; "
+          "print(json.dumps(function_identity(functools.partial(train_fn, names={'a', 'b', 'c', 'd'}))))")
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=root, env=dict(os.environ, PYTHONHASHSEED=str(h), PYTHONPATH=root)).stdout
+          for h in (1, 2, 3)}
+  assert len(outs) == 1 and "held_sha256" in outs.pop()
+
+
 def test_a_non_private_event_warns():
   with pytest.warns(NotPrivateWarning, match="epsilon = inf"):
     result = random_search(lambda hp, seed: (1.0, None), {"a": [1]}, repetitions=K,
