@@ -21,9 +21,7 @@ import dataclasses
 import json
 from typing import Optional, Sequence
 
-import attr
 import dp_accounting as dpa
-import numpy as np
 
 from jaxdp import _validate
 from jaxdp.accounting import base
@@ -204,29 +202,7 @@ class BestAccountant(base.Accountant):
     return best <= target_epsilon, best
 
 
-def check_numbers(event) -> None:
-  """Raises ValueError if any parameter of `event` (at any depth) is NaN.
-
-  dp-accounting takes a NaN noise multiplier or rate as given, and its accountants then
-  return a tiny epsilon (`GaussianDpEvent(nan)`: about 4e-9): an event built from a NaN
-  hyperparameter must be refused, not accounted.
-  """
-  def walk(node, where):
-    if isinstance(node, (list, tuple)):
-      for i, item in enumerate(node):
-        walk(item, f"{where}[{i}]")
-    elif attr.has(type(node)):
-      for field in attr.fields(type(node)):
-        walk(getattr(node, field.name), f"{where}.{field.name}")
-    elif isinstance(node, (float, np.floating)) and np.isnan(node) or (
-        isinstance(node, np.ndarray) and node.dtype.kind == "f" and np.isnan(node).any()):
-      raise ValueError(f"event parameter {where} is NaN in {ev.describe(event)}: an event's "
-                       "parameters must be numbers (a NaN noise or rate would account to nothing)")
-  walk(event, type(event).__name__)
-
-
 def _composed(event, method, orders, allow_refined) -> dpa.PrivacyAccountant:
-  check_numbers(event)
   orders = orders_for(event, orders)
   acct = make_accountant(method, orders=orders, allow_refined=allow_refined)
   err = acct.unsupported(event)

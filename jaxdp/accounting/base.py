@@ -86,7 +86,20 @@ class Accountant(dpa.PrivacyAccountant):
     return CompositionErrorDetails(event, why)
 
   def unsupported(self, event: dpa.DpEvent, count: int = 1) -> Optional[CompositionErrorDetails]:
-    """None if `event` (composed `count` times) can be accounted, else the offending part and why."""
+    """None if `event` (composed `count` times) can be accounted, else the offending part and why.
+
+    Raises:
+      ValueError: a parameter of `event` is NaN or a one-shot iterator (`events.check_numbers`).
+    """
     if not isinstance(event, dpa.DpEvent):
       return CompositionErrorDetails(event, f"not a DpEvent: {event!r}")
+    ev.check_numbers(event)
     return self._maybe_compose(event, count, False)
+
+  def supports(self, event: dpa.DpEvent) -> bool:
+    return self.unsupported(event) is None
+
+  def compose(self, event: dpa.DpEvent, count: int = 1) -> "Accountant":
+    """dp-accounting's `compose`, after `events.check_numbers`."""
+    ev.check_numbers(event)
+    return super().compose(event, count)

@@ -34,9 +34,12 @@ Example:
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
+
+import numbers
 
 import attr
 import dp_accounting as dpa
@@ -224,6 +227,46 @@ def dpsgd_event(sampling_prob: float, noise_multiplier: float, iterations: int) 
 
 
 # --------------------------------------------------------------------------- selection
+
+
+def check_numbers(event) -> None:
+  """Raises ValueError if a parameter of `event`, at any depth, is NaN or a one-shot iterator.
+
+  dp-accounting takes its events' fields as given: a NaN noise multiplier or rate accounts to
+  about 4e-9 (`GaussianDpEvent(nan)`) and, inside a composition, takes the whole composition
+  down with it; an iterator of events (`ComposedDpEvent(map(...))`) is consumed by the first
+  accountant that checks it and then composes to nothing (epsilon 0). Every accountant refuses
+  both before it checks or composes anything (`base.Accountant`).
+  """
+  def walk(node, where):
+    if isinstance(node, (str, bytes)) or node is None:
+      return
+    if attr.has(type(node)):
+      for field in attr.fields(type(node)):
+        walk(getattr(node, field.name), f"{where}.{field.name}")
+    elif isinstance(node, collections.abc.Iterator):
+      raise ValueError(f"event parameter {where} is a {type(node).__name__}, which the first "
+                       "accountant to read it would consume (the next would compose nothing): "
+                       "give a list or tuple")
+    elif isinstance(node, collections.abc.Mapping):
+      for key, value in node.items():
+        walk(key, f"{where}[key]")
+        walk(value, f"{where}[{key!r}]")
+    elif isinstance(node, (list, tuple, collections.abc.Sequence, collections.abc.Set)):
+      for i, item in enumerate(node):
+        walk(item, f"{where}[{i}]")
+    elif isinstance(node, (numbers.Number, np.ndarray, np.generic)) or hasattr(node, "__array__"):
+      try:
+        array = np.asarray(node)
+      except Exception:  # pylint: disable=broad-except  # not numbers: the accountants judge it
+        return
+      if array.dtype.kind == "O":
+        for i, item in enumerate(array.reshape(-1)):
+          walk(item, f"{where}[{i}]")
+      elif array.dtype.kind in "fc" and np.isnan(array).any():
+        raise ValueError(f"event parameter {where} is NaN in {describe(event)}: an event's "
+                         "parameters must be numbers (a NaN noise or rate would account to nothing)")
+  walk(event, type(event).__name__)
 
 
 def _check_part(name: str, value) -> None:

@@ -36,6 +36,8 @@ return a non-finite score, which counts as the worst).
 
 from __future__ import annotations
 
+import collections
+import collections.abc
 import copy
 import dataclasses
 import functools
@@ -43,11 +45,12 @@ import hashlib
 import inspect
 import itertools
 import json
-import marshal
 import numbers
 import pickle
 import time
 import types
+import uuid
+import warnings
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import dp_accounting
@@ -77,100 +80,177 @@ def call_seed(candidate: Candidate) -> int:
   return int(candidate.id, 16) >> (64 - SEED_BITS)
 
 
-#: How deep `function_identity` follows functions held by functions (a recursive closure stops).
-_DEPTH = 4
+#: The key of an identity that cannot be resumed (see `function_identity`).
+UNIDENTIFIED = "unidentified"
+#: How deep `function_identity` follows functions held by functions; deeper ones are recorded by
+#: name.
+_DEPTH = 8
 
 
-def function_identity(fn: Callable, depth: int = _DEPTH) -> dict:
+def function_identity(fn: Callable) -> dict:
   """What a run directory records of a function, so that a resume with another one is refused.
 
-  Its module and qualified name; the sha256 of its source (of its class's, for a callable
-  object; of its bytecode when Python has no source, e.g. a function typed at a prompt); and
-  the sha256 of what it holds besides its code (`_held`): a closure's cells, its defaults, a
-  `functools.partial`'s bound arguments, a callable object's attributes. Arrays are hashed by
-  their bytes, functions held by their own identity. A wrapper (`functools.wraps`,
-  `functools.lru_cache`, `jax.jit`) is recorded as the function it wraps. Not recorded: the
-  module globals it reads, the files it loads, the libraries it calls (README, "Privacy
-  assumptions").
+  Per layer (a `functools.partial`, a wrapper with `__wrapped__` such as `functools.wraps`,
+  `functools.lru_cache` or `jax.jit`, the function itself): its module and qualified name,
+  the sha256 of its source and of its bytecode (two lambdas on one line differ), and what it
+  holds besides its code: a closure's cells, its defaults, the globals it reads (modules
+  by name, functions of other modules by name), a partial's bound arguments, a callable
+  object's attributes and slots. Values are recorded by content: arrays by their bytes,
+  containers by their items (sets sorted, cycles as references), objects by their class and
+  attributes. A value that cannot be identified so makes the identity unique to this call
+  (`UNIDENTIFIED`): a run directory then cannot be resumed, which is safe. Not recorded: the
+  files a function loads, the libraries it calls (README, "Privacy assumptions").
   """
-  if isinstance(fn, functools.partial):
-    return {"partial": function_identity(fn.func, depth),
-            "held_sha256": _digest([fn.args, fn.keywords], depth)}
-  fn = inspect.unwrap(fn)
-  target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn)
-  name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
   try:
-    code = inspect.getsource(target).encode()
-  except (OSError, TypeError):  # no source file (a prompt, a builtin)
-    code = marshal.dumps(fn.__code__) if hasattr(fn, "__code__") else None
-  return {"name": name, "code_sha256": None if code is None else hashlib.sha256(code).hexdigest(),
-          "held_sha256": _digest(_held(fn), depth)}
-
-
-def _held(fn) -> list:
-  """What `fn` holds besides its code."""
-  if inspect.ismethod(fn):
-    return [_held(fn.__func__), vars(fn.__self__) if hasattr(fn.__self__, "__dict__") else None]
-  if inspect.isfunction(fn):
-    cells = []
-    for cell in fn.__closure__ or ():
-      try:
-        cells.append(cell.cell_contents)
-      except ValueError:  # a cell not yet filled
-        cells.append(None)
-    return [cells, fn.__defaults__, fn.__kwdefaults__]
-  return [vars(fn)] if hasattr(fn, "__dict__") else []
-
-
-def _digest(value: Any, depth: int) -> Optional[str]:
-  """sha256 of a value as `_canonical` writes it (None for a container that holds itself)."""
-  try:
-    text = json.dumps(_canonical(value, depth), sort_keys=True)
+    return _identity(fn, _DEPTH, {})
   except RecursionError:
-    return None
-  return hashlib.sha256(text.encode()).hexdigest()
+    pass
+  except Exception as err:  # pylint: disable=broad-except  # a value that refuses to be read
+    return {UNIDENTIFIED: f"{type(err).__name__}: {err}"[:200], "nonce": uuid.uuid4().hex}
+  return {UNIDENTIFIED: "it holds values nested too deeply", "nonce": uuid.uuid4().hex}
 
 
-def _canonical(value: Any, depth: int):
-  """A JSON stand-in for `value`, the same in every process for equal values: containers by
-  their items, arrays by their bytes, functions by `function_identity`, modules and classes by
-  name, anything else by its pickle (by its type's name when it has none)."""
+def _identity(fn, depth: int, memo: dict) -> dict:
+  if isinstance(fn, functools.partial):
+    return {"partial": _identity(fn.func, depth, memo),
+            "held": _canonical([fn.args, fn.keywords], depth, memo)}
+  target = fn.__func__ if inspect.ismethod(fn) else fn
+  function = inspect.isfunction(target)
+  kind = target if function else type(fn)
+  out = {"name": f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', repr(kind))}"}
+  try:
+    out["source_sha256"] = hashlib.sha256(inspect.getsource(kind).encode()).hexdigest()
+  except (OSError, TypeError):  # no source file (a prompt, a builtin)
+    out["source_sha256"] = None
+  if function:
+    out["code_sha256"] = _code_digest(target.__code__)
+    out["held"] = _canonical(_held(target, fn), depth, memo)
+  wrapped = getattr(fn, "__wrapped__", None) if not inspect.ismethod(fn) else None
+  if not function and (wrapped is None or wrapped is fn):  # a user's callable object
+    out["held"] = _canonical(_state(fn), depth, memo)
+  if wrapped is not None and wrapped is not fn:
+    # A wrapper object (`jax.jit`, `functools.lru_cache`) holds its compiled or cached state:
+    # what it runs is what it wraps.
+    out["wraps"] = _identity(wrapped, depth, memo)
+  return out
+
+
+def _code_digest(code: types.CodeType) -> str:
+  """sha256 of a code object's bytecode, names and constants (nested code included)."""
+  digest = hashlib.sha256(code.co_code)
+  digest.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_firstlineno)).encode())
+  for const in code.co_consts:
+    if isinstance(const, types.CodeType):
+      digest.update(_code_digest(const).encode())
+    elif isinstance(const, frozenset):  # `x in {...}`: its order follows the hash seed
+      digest.update(repr(sorted(map(repr, const))).encode())
+    else:
+      digest.update(repr(const).encode())
+  return digest.hexdigest()
+
+
+def _held(function, fn) -> list:
+  """What a plain function holds: closure cells, defaults, the globals it reads (and, for a
+  bound method, its instance)."""
+  cells = []
+  for cell in function.__closure__ or ():
+    try:
+      cells.append(cell.cell_contents)
+    except ValueError:  # a cell not yet filled
+      cells.append(None)
+  names = set(function.__code__.co_names)
+  reads = {}
+  for name in sorted(names & set(function.__globals__)):
+    value = function.__globals__[name]
+    if isinstance(value, types.ModuleType):
+      reads[name] = ["module", value.__name__]
+    elif callable(value) and getattr(value, "__module__", None) != function.__module__:
+      reads[name] = ["elsewhere", f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__qualname__)}"]
+    else:
+      reads[name] = value
+  instance = fn.__self__ if inspect.ismethod(fn) else None
+  return [cells, function.__defaults__, function.__kwdefaults__, reads,
+          None if instance is None else _state(instance)]
+
+
+def _state(obj, skip=()) -> dict:
+  """An object's attributes and slots (dunder names and `skip` left out)."""
+  state = {}
+  for name, value in (vars(obj).items() if hasattr(obj, "__dict__") else ()):
+    if not name.startswith("__") and name not in skip:
+      state[name] = value
+  for cls in type(obj).__mro__:
+    slots = cls.__dict__.get("__slots__", ())
+    for name in [slots] if isinstance(slots, str) else slots:
+      if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+        state[name] = getattr(obj, name)
+  return state
+
+
+def _canonical(value: Any, depth: int, memo: dict):
+  """A JSON stand-in for `value`, the same in every process for equal values (see
+  `function_identity`); a container met twice is a reference to its first place."""
   if value is None or isinstance(value, (bool, int, str)):
     return value
   if isinstance(value, float):
     return repr(value)
-  if isinstance(value, (list, tuple)):
-    return [type(value).__name__, [_canonical(v, depth) for v in value]]
-  if isinstance(value, dict):
-    return ["dict", [[_canonical(k, depth), _canonical(v, depth)] for k, v in value.items()]]
-  if isinstance(value, (set, frozenset)):  # iteration order follows the process's hash seed
-    return ["set", sorted(json.dumps(_canonical(v, depth), sort_keys=True) for v in value)]
-  if isinstance(value, (np.ndarray, np.generic, jax.Array)) and not (
-      isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key)):
-    array = np.ascontiguousarray(np.asarray(value))
-    if array.dtype.kind != "O":
-      return ["array", str(array.dtype), list(array.shape), hashlib.sha256(array.tobytes()).hexdigest()]
   if isinstance(value, types.ModuleType):
     return ["module", value.__name__]
   if isinstance(value, type):
     return ["class", f"{value.__module__}.{value.__qualname__}"]
-  if callable(value) and depth > 0:
-    return ["function", function_identity(value, depth - 1)]
+  seen = memo.get(id(value))
+  if seen is not None and seen[1] is value:
+    return ["ref", seen[0]]
+  memo[id(value)] = (len(memo), value)  # the value too: a freed object's id is reused
+  if isinstance(value, (list, tuple, collections.deque)):
+    return [type(value).__name__, [_canonical(v, depth, memo) for v in value]]
+  if isinstance(value, Mapping):
+    return [type(value).__name__,
+            [[_canonical(k, depth, memo), _canonical(v, depth, memo)] for k, v in value.items()]]
+  if isinstance(value, (set, frozenset)):  # iteration order follows the process's hash seed
+    return ["set", sorted(json.dumps(_canonical(v, depth, memo), sort_keys=True) for v in value)]
+  if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+    if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+      value = jax.random.key_data(value)
+    array = np.ascontiguousarray(np.asarray(value))
+    if array.dtype.kind == "O":
+      return ["objects", list(array.shape), [_canonical(v, depth, memo) for v in array.reshape(-1)]]
+    return ["array", str(array.dtype), list(array.shape), hashlib.sha256(array.tobytes()).hexdigest()]
+  if callable(value):
+    if depth <= 0:
+      kind = value if inspect.isfunction(value) else type(value)
+      return ["function", f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', '?')}"]
+    return ["function", _identity(value, depth - 1, memo)]
+  if hasattr(value, "__array__"):  # a PyTorch tensor, ...: by its values where it gives them
+    try:
+      array = np.asarray(value)
+    except Exception:  # pylint: disable=broad-except
+      array = None
+    if array is not None and array.dtype.kind != "O":
+      return ["array", str(array.dtype), list(array.shape),
+              hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()]
+  if inspect.isgenerator(value) or isinstance(value, collections.abc.Iterator):
+    raise ValueError(f"it holds a {type(value).__name__}, whose values cannot be read without "
+                     "consuming them")
+  state = _state(value)
+  if state or hasattr(value, "__dict__"):
+    return ["object", f"{type(value).__module__}.{type(value).__qualname__}",
+            _canonical(state, depth, memo)]
+  # No attributes to read (a C type): its pickle, or its type alone when it has none (a lock, a
+  # file: resources, not values).
+  name = f"{type(value).__module__}.{type(value).__qualname__}"
   try:
-    return ["pickle", hashlib.sha256(pickle.dumps(value, protocol=4)).hexdigest()]
-  except Exception:  # pylint: disable=broad-except  # unpicklable: only its type is recorded
-    return ["object", f"{type(value).__module__}.{type(value).__qualname__}"]
+    return ["pickle", name, hashlib.sha256(pickle.dumps(value, protocol=4)).hexdigest()]
+  except Exception:  # pylint: disable=broad-except
+    return ["type", name]
 
 
 def function_name(fn: Callable) -> str:
   """`fn`'s module.qualname (of the function a `functools.partial` wraps)."""
   while isinstance(fn, functools.partial):
     fn = fn.func
-  return function_identity(fn)["name"]
-
-
-def _identity_digest(fn: Callable) -> str:
-  return hashlib.sha256(json.dumps(function_identity(fn), sort_keys=True).encode()).hexdigest()
+  return (f"{getattr(fn, '__module__', None) or type(fn).__module__}."
+          f"{getattr(fn, '__qualname__', None) or type(fn).__qualname__}")
 
 
 def checked_event(event_fn: Callable, hparams: Mapping[str, Any]) -> dp_accounting.DpEvent:
@@ -314,6 +394,12 @@ class FunctionPlan:
     return state
 
   @functools.cached_property
+  def _identities(self) -> dict:
+    # Once per plan: what a function holds is hashed by content, and an unidentifiable one's
+    # nonce must be the same in the manifest's fingerprint and mechanism.
+    return {"train_fn": function_identity(self.train_fn), "dp_event": function_identity(self.event_fn)}
+
+  @functools.cached_property
   def _by_point(self) -> dict:
     return {point_key(p): run for p, run in zip(self.points, self.runs)}
 
@@ -345,7 +431,8 @@ class FunctionPlan:
     training function's identity (`function_identity`), as `SearchPlan.mechanism` records a
     task's configuration, event and program digest."""
     keys = sorted(self._by_point if points is None else {point_key(p) for p in points})
-    program = _identity_digest(self.train_fn)
+    program = hashlib.sha256(json.dumps(self._identities["train_fn"], sort_keys=True).encode()
+                             ).hexdigest()
     return {
         "configs": {k: scrub(json.dumps({n: _json_value(v) for n, v in
                                          sorted(self._by_point[k].hparams.items())}, sort_keys=True))
@@ -360,10 +447,18 @@ class FunctionPlan:
 
   def search_fields(self, tuner: str, key: jax.Array, **accounted: Any) -> dict:
     """What the search is (`SearchPlan.search_fields`'s counterpart): the tuner, the key, the
-    grid, both functions' identities and the arguments that decide the draw or the release."""
+    grid, both functions' identities and the arguments that decide the draw or the release.
+    Warns when a function cannot be identified (a run directory of the search then cannot be
+    resumed)."""
+    for name, identity in self._identities.items():
+      why = identity.get(UNIDENTIFIED)
+      if why is not None:
+        warnings.warn(f"{name} holds a value jaxdp cannot identify ({why}): a run_dir of this "
+                      "search can never be resumed (each call counts as another function)",
+                      stacklevel=4)
     return dict(tuner=tuner, key=np.asarray(jax.random.key_data(key)).tolist(),
                 key_impl=str(jax.random.key_impl(key)), points=[dict(p) for p in self.points],
-                train_fn=function_identity(self.train_fn), dp_event=function_identity(self.event_fn),
+                **self._identities,
                 accounted={k: repr(v) for k, v in sorted(accounted.items())},
                 jaxdp=jaxdp.__version__)
 
@@ -426,7 +521,10 @@ def call(plan: FunctionPlan, candidate: Candidate) -> FunctionResult:
   if not isinstance(out, tuple) or len(out) != 2:
     raise ValueError(f"train_fn must return a (score, artifact) tuple, got {type(out).__name__} "
                      f"({out!r:.100}) for hyperparameters {dict(run.hparams)}, seed {seed}")
-  return FunctionResult(score=_score(out[0], run.hparams, seed), artifact=out[1],
+  # A snapshot, as a run directory would store it: a function that reuses one buffer or model
+  # for every call must not change what an earlier candidate released.
+  artifact = artifacts.decode(*artifacts.encode(out[1]))
+  return FunctionResult(score=_score(out[0], run.hparams, seed), artifact=artifact,
                         wall_time_s=elapsed, seed=seed)
 
 

@@ -289,13 +289,75 @@ def test_a_container_that_holds_itself_is_pickled_with_its_reference():
   assert structure[0] == "pickle" and back[1] is back
 
 
-def test_a_wrapped_function_is_recorded_as_what_it_wraps():
+def test_a_wrapper_is_recorded_with_what_it_wraps():
   import functools  # pylint: disable=g-import-not-at-top
   from jaxdp.sweep.functions import function_identity  # pylint: disable=g-import-not-at-top
   plain = function_identity(ex.train_fn)
-  assert function_identity(functools.lru_cache(ex.train_fn)) == plain
-  assert function_identity(jax.jit(ex.dp_event)) == function_identity(ex.dp_event)
+  assert function_identity(functools.lru_cache(ex.train_fn))["wraps"] == plain
+  assert function_identity(jax.jit(ex.dp_event))["wraps"] == function_identity(ex.dp_event)
   assert plain["name"] == "examples.dp_logistic_regression.train_fn" and plain["code_sha256"]
+
+
+def _train_on(hparams, seed, x=None):
+  return float(np.sum(x)), None
+
+
+class _Slotted:
+  __slots__ = ("x",)
+
+  def __init__(self, x):
+    self.x = x
+
+  def __call__(self, hparams, seed):
+    return float(np.sum(self.x)), None
+
+
+def _decorated(x):
+  def decorator(fn):
+    @__import__("functools").wraps(fn)
+    def wrapper(hparams, seed):
+      return fn(hparams, seed, x=x)
+    return wrapper
+  return decorator(_train_on)
+
+
+def _nested(x, depth):
+  fn = lambda hparams, seed: (float(np.sum(x)), None)  # noqa: E731
+  for _ in range(depth):
+    fn = (lambda inner: lambda hparams, seed: inner(hparams, seed))(fn)
+  return fn
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: __import__("functools").partial(_train_on, x=x),
+    lambda x: jax.jit(__import__("functools").partial(_train_on, x=x)),
+    lambda x: __import__("functools").lru_cache(__import__("functools").partial(_train_on, x=x)),
+    _decorated, _Slotted, lambda x: _Slotted(x).__call__, lambda x: _nested(x, 5),
+], ids=["partial", "jit(partial)", "lru_cache(partial)", "wraps", "slots", "method", "5 closures deep"])
+def test_a_function_over_other_data_has_another_identity(make):
+  from jaxdp.sweep.functions import function_identity  # pylint: disable=g-import-not-at-top
+  a, b = np.zeros(3), np.ones(3)
+  assert function_identity(make(a)) == function_identity(make(a.copy()))
+  assert function_identity(make(a)) != function_identity(make(b))
+
+
+def test_two_lambdas_on_one_line_differ():
+  from jaxdp.sweep.functions import function_identity  # pylint: disable=g-import-not-at-top
+  one, two = (lambda hp, s: (1.0, None)), (lambda hp, s: (2.0, None))  # noqa: E731
+  assert function_identity(one) != function_identity(two)
+
+
+def test_a_function_holding_what_cannot_be_read_is_never_resumed(tmp_path):
+  gen = (x for x in range(3))
+
+  def train(hparams, seed):
+    return float(next(iter([1.0]))) + 0 * len(str(gen)), None
+  args = dict(repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event, run_dir=str(tmp_path))
+  with pytest.warns(UserWarning, match="can never be resumed"):
+    random_search(train, GRID, **args)
+  with pytest.warns(UserWarning, match="can never be resumed"), \
+      pytest.raises(SearchMismatchError, match="nonce"):
+    random_search(train, GRID, **args)
 
 
 def test_an_unpicklable_artifact_is_refused_clearly():
@@ -359,7 +421,7 @@ def test_run_dir_refuses_other_data_a_function_holds(tmp_path):
   assert random_search(again, GRID, **args).resumed > 0
   other = data.copy()
   other[0] = -1.0
-  with pytest.raises(SearchMismatchError, match="held_sha256"):
+  with pytest.raises(SearchMismatchError, match="train_fn"):
     random_search(functools.partial(train_on, data=other), GRID, **args)
 
   def closure_over(values):
@@ -369,7 +431,7 @@ def test_run_dir_refuses_other_data_a_function_holds(tmp_path):
   closure_args = dict(args, run_dir=str(tmp_path / "closure"))
   random_search(closure_over(data), GRID, **closure_args)
   assert random_search(closure_over(data.copy()), GRID, **closure_args).resumed > 0
-  with pytest.raises(SearchMismatchError, match="held_sha256"):
+  with pytest.raises(SearchMismatchError, match="train_fn"):
     random_search(closure_over(other), GRID, **closure_args)
 
 
@@ -378,14 +440,18 @@ def test_a_functions_identity_is_the_same_in_another_process():
   """Sets iterate in an order the process's hash seed decides: the identity must not."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  code = ("import json, functools; from jaxdp.sweep.functions import function_identity; "
+  code = ("import json, functools, dataclasses, jax; from jaxdp.sweep.functions import function_identity; "
           "from examples.dp_logistic_regression import train_fn; "
-          "print(json.dumps(function_identity(functools.partial(train_fn, names={'a', 'b', 'c', 'd'}))))")
+          "Cfg = dataclasses.make_dataclass('Cfg', ['tags']); cfg = Cfg({'a', 'b', 'c', 'd', 'e'}); "
+          "fns = [train_fn, functools.partial(train_fn, names={'a', 'b', 'c', 'd'}), "
+          "functools.partial(train_fn, cfg=cfg), jax.jit(train_fn), "
+          "(lambda hp, s: (1.0 if s in {'x', 'y', 'z'} else 0.0, None))]; "
+          "print(json.dumps([function_identity(f) for f in fns], sort_keys=True))")
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=root, env=dict(os.environ, PYTHONHASHSEED=str(h), PYTHONPATH=root)).stdout
           for h in (1, 2, 3)}
-  assert len(outs) == 1 and "held_sha256" in outs.pop()
+  assert len(outs) == 1 and "held" in outs.pop()
 
 
 def test_a_non_private_event_warns():
