@@ -523,8 +523,7 @@ def call(plan: FunctionPlan, candidate: Candidate) -> FunctionResult:
                      f"({out!r:.100}) for hyperparameters {dict(run.hparams)}, seed {seed}")
   # A snapshot, as a run directory would store it: a function that reuses one buffer or model
   # for every call must not change what an earlier candidate released.
-  artifact = artifacts.decode(*artifacts.encode(out[1]))
-  return FunctionResult(score=_score(out[0], run.hparams, seed), artifact=artifact,
+  return FunctionResult(score=_score(out[0], run.hparams, seed), artifact=artifacts.snapshot(out[1]),
                         wall_time_s=elapsed, seed=seed)
 
 

@@ -487,3 +487,21 @@ def test_a_function_that_mutates_its_hyperparameters_changes_nothing_recorded_or
   assert result.hyperparameters["learning_rate"] in GRID["learning_rate"]
   assert "extra" not in result.hyperparameters and result.hyperparameters["sizes"] == [4, 4]
   assert grid["sizes"] == [[4, 4]]
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_reused_buffer_releases_the_selected_candidates_values(durable, tmp_path):
+  """A function that trains one buffer in place returns the same object every call: what is
+  released is the selected call's values, with or without a run_dir."""
+  buffer, calls = np.zeros(2), []
+
+  def train(hparams, seed):
+    calls.append(hparams["lr"])
+    buffer[:] = [hparams["lr"], len(calls)]
+    return -abs(hparams["lr"] - 0.1), buffer
+  result = random_search(train, {"lr": [0.1, 0.5, 0.9]}, repetitions=acc.Fixed(6),
+                         key=jax.random.key(3), dp_event=lambda hp: dpa.GaussianDpEvent(5.0),
+                         run_dir=str(tmp_path) if durable else None)
+  chosen = calls.index(0.1) + 1
+  assert result.hyperparameters == {"lr": 0.1} and result.artifact.tolist() == [0.1, chosen]
+  assert result.artifact is not buffer
