@@ -461,8 +461,8 @@ def random_search(config: Union[TrainConfig, SearchSpace, Callable],
   each return is a (score, artifact) tuple with a real score (a one-element
   array or tensor included); a `run_dir` is refused for another key, grid,
   law of K, either function's name, source or what it holds (closure cells, a
-  partial's bound values: `jaxdp.sweep.functions.function_identity`), or any
-  grid point's event.
+  partial's bound values, the globals it reads:
+  `jaxdp.sweep.functions.function_identity`), or any grid point's event.
 
   Raises:
     ValueError: for any bad argument, always before K is drawn: whether the
