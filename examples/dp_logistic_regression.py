@@ -110,10 +110,13 @@ def search_main(train, event, grid, argv, *, description: str, target_epsilon: f
                       help="durable run directory: rerun the same command to resume (default: none)")
   args = parser.parse_args(argv)
   began = time.perf_counter()
-  result = random_search(train, grid, repetitions=acc.Poisson(mean=args.mean_candidates),
-                         key=jax.random.key(args.seed), dp_event=event, delta=args.delta,
-                         target_epsilon=args.target_epsilon, noise_parameter="noise_multiplier",
-                         run_dir=args.run_dir, progress=True)
+  try:
+    result = random_search(train, grid, repetitions=acc.Poisson(mean=args.mean_candidates),
+                           key=jax.random.key(args.seed), dp_event=event, delta=args.delta,
+                           target_epsilon=args.target_epsilon, noise_parameter="noise_multiplier",
+                           run_dir=args.run_dir, progress=True)
+  except ValueError as err:  # a bad argument: one line naming it, exit code 2
+    parser.error(str(err))
   out = {"hyperparameters": result.hyperparameters, "score": result.score,
          "epsilon": result.epsilon, "delta": result.delta, "noise_multiplier": result.noise_multiplier,
          "num_candidates": result.num_candidates, "resumed": result.resumed,

@@ -76,3 +76,9 @@ def test_readme_tune_any_trainer_snippet_runs_and_prints_what_the_readme_quotes(
   assert abs(result.score - quoted["score"]) <= 1 / 169 + 1e-4
   single = acc.epsilon(acc.dpsgd_event(0.1, result.noise_multiplier, 200), 1e-5)
   assert f"({single:.2f}, 1e-5)-DP" in section
+
+
+def test_a_bad_argument_is_one_line_and_exit_code_2(capsys):
+  with pytest.raises(SystemExit) as done:
+    dp_logistic_regression.main(["--delta", "2"])
+  assert done.value.code == 2 and "delta must be in (0.0, 1.0), got 2.0" in capsys.readouterr().err
