@@ -252,7 +252,7 @@ def check_numbers(event) -> None:
       for key, value in node.items():
         walk(key, f"{where}[key]")
         walk(value, f"{where}[{key!r}]")
-    elif isinstance(node, (list, tuple, collections.abc.Sequence, collections.abc.Set)):
+    elif isinstance(node, (collections.abc.Sequence, collections.abc.Set)):
       for i, item in enumerate(node):
         walk(item, f"{where}[{i}]")
     elif isinstance(node, (numbers.Number, np.ndarray, np.generic)) or hasattr(node, "__array__"):

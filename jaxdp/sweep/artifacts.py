@@ -105,11 +105,11 @@ def encode(artifact: Any) -> tuple:
   return ["pickle", 0], [np.frombuffer(blob, np.uint8)]
 
 
-def snapshot(artifact: Any) -> Any:
-  """A copy of `artifact` as a run directory would read it back (`decode(encode(...))`, every
-  array copied): what a call returned, whatever the function does to its objects later."""
+def snapshot(artifact: Any) -> tuple:
+  """`encode(artifact)` with every array copied: what a call returned, whatever the function
+  does to its objects later (a run directory stores it as it is; `decode` reads it back)."""
   structure, leaves = encode(artifact)
-  return decode(structure, [np.array(leaf, copy=True) for leaf in leaves])
+  return structure, [np.array(leaf, copy=True) for leaf in leaves]
 
 
 def decode(structure: Any, leaves: list) -> Any:

@@ -289,14 +289,21 @@ class FunctionResult:
 
   Attributes:
     score: its score as a float (a non-finite one counts as the worst).
-    artifact: what it returned beside the score (None when not kept).
+    stored: what it returned beside the score, encoded when it returned
+      (`artifacts.snapshot`: the form a run directory stores), or None when not kept.
     wall_time_s: seconds the call took.
     seed: the seed it was called with (`call_seed`).
   """
   score: float
-  artifact: Any = dataclasses.field(repr=False, default=None)
+  stored: Optional[tuple] = dataclasses.field(repr=False, default=None)
   wall_time_s: float = 0.0
   seed: int = 0
+
+  @property
+  def artifact(self) -> Any:
+    """What `train_fn` returned beside the score, as it was when it returned (None when not
+    kept)."""
+    return None if self.stored is None else artifacts.decode(*self.stored)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -391,6 +398,7 @@ class FunctionPlan:
   def __getstate__(self):  # a Ray worker rebuilds its own index
     state = dict(self.__dict__)
     state.pop("_by_point", None)
+    state.pop("_runs_by_id", None)  # object ids mean nothing in another process
     return state
 
   @functools.cached_property
@@ -400,12 +408,16 @@ class FunctionPlan:
     return {"train_fn": function_identity(self.train_fn), "dp_event": function_identity(self.event_fn)}
 
   @functools.cached_property
+  def _runs_by_id(self) -> dict:
+    return {id(run): run for run in self.runs}
+
+  @functools.cached_property
   def _by_point(self) -> dict:
     return {point_key(p): run for p, run in zip(self.points, self.runs)}
 
   def run_of(self, config: FunctionRun) -> FunctionRun:
     """`config` if it is one of the plan's runs (ValueError otherwise)."""
-    if not any(config is run for run in self.runs):
+    if self._runs_by_id.get(id(config)) is not config:
       raise ValueError("a candidate's configuration is not one of this FunctionPlan's runs: draw "
                        "candidates from the plan")
     return config
@@ -464,7 +476,7 @@ class FunctionPlan:
 
   def record(self, candidate: Candidate, result: FunctionResult) -> tuple:
     """(the pool record of a trained candidate, the arrays stored with it)."""
-    structure, leaves = artifacts.encode(result.artifact)
+    structure, leaves = result.stored if result.stored is not None else artifacts.encode(None)
     return ({"id": candidate.id, "point": dict(candidate.point), "seed": candidate.seed,
              "call_seed": result.seed, "score": result.score, "wall_time_s": result.wall_time_s,
              "artifact": structure,
@@ -474,7 +486,7 @@ class FunctionPlan:
     """The `FunctionResult` a pool record (and its arrays, None when not read) stands for."""
     return FunctionResult(score=float(record["score"]), wall_time_s=float(record["wall_time_s"]),
                           seed=int(record["call_seed"]),
-                          artifact=None if leaves is None else artifacts.decode(record["artifact"], leaves))
+                          stored=None if leaves is None else (record["artifact"], leaves))
 
 
 def _score(value: Any, hparams: Mapping[str, Any], seed: int) -> float:
@@ -521,9 +533,9 @@ def call(plan: FunctionPlan, candidate: Candidate) -> FunctionResult:
   if not isinstance(out, tuple) or len(out) != 2:
     raise ValueError(f"train_fn must return a (score, artifact) tuple, got {type(out).__name__} "
                      f"({out!r:.100}) for hyperparameters {dict(run.hparams)}, seed {seed}")
-  # A snapshot, as a run directory would store it: a function that reuses one buffer or model
-  # for every call must not change what an earlier candidate released.
-  return FunctionResult(score=_score(out[0], run.hparams, seed), artifact=artifacts.snapshot(out[1]),
+  # Encoded now, arrays copied: a function that reuses one buffer or model for every call must
+  # not change what an earlier candidate releases, and a run directory stores this very form.
+  return FunctionResult(score=_score(out[0], run.hparams, seed), stored=artifacts.snapshot(out[1]),
                         wall_time_s=elapsed, seed=seed)
 
 
@@ -556,7 +568,7 @@ def train_functions(candidates: Sequence[Candidate], plan: FunctionPlan, *, keep
   for c in tqdm(candidates, disable=not progress, desc="candidates", unit="cand"):
     result = call(plan, c)
     if not keep_params:
-      result = dataclasses.replace(result, artifact=None)
+      result = dataclasses.replace(result, stored=None)
     results.append(result)
     if on_chunk is not None:
       on_chunk([(c, result)])
