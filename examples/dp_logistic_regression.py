@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 import time
 
 import jax
@@ -108,6 +109,9 @@ def search_main(train, event, grid, argv, *, description: str, target_epsilon: f
                       help="the search's key (default 0; in real use a secret, random one)")
   parser.add_argument("--run-dir", default=None,
                       help="durable run directory: rerun the same command to resume (default: none)")
+  parser.add_argument("--save", default=None, metavar="DIR",
+                      help="also save the release (hyperparameters, artifact, score, epsilon) to "
+                           "this new directory, for publication (jaxdp.tuning.load_release reads it)")
   args = parser.parse_args(argv)
   began = time.perf_counter()
   try:
@@ -117,11 +121,15 @@ def search_main(train, event, grid, argv, *, description: str, target_epsilon: f
                            run_dir=args.run_dir, progress=True)
   except ValueError as err:  # a bad argument: one line naming it, exit code 2
     parser.error(str(err))
-  out = {"hyperparameters": result.hyperparameters, "score": result.score,
-         "epsilon": result.epsilon, "delta": result.delta, "noise_multiplier": result.noise_multiplier,
-         "num_candidates": result.num_candidates, "resumed": result.resumed,
-         "seconds": round(time.perf_counter() - began, 2)}
+  # The release only: K (result.unreleased.num_candidates), the seeds and what was resumed are
+  # not covered by epsilon and stay out of what is printed or saved.
+  out = {name: value for name, value in result.to_json().items()
+         if name in ("hyperparameters", "score", "epsilon", "delta", "noise_multiplier")}
   print(json.dumps(out, indent=1))
+  if args.save is not None:
+    result.save(args.save)
+  print(f"took {time.perf_counter() - began:.1f} s (timing is not covered by epsilon)",
+        file=sys.stderr)
   return out
 
 

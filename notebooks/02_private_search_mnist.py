@@ -85,7 +85,7 @@ K_DIST = acc.Poisson(mean=3 if SMALL else 8)
 result = random_search(config, {"learning_rate": LEARNING_RATES}, data, repetitions=K_DIST,
                        key=jax.random.key(0), delta=DELTA)
 
-print(f"K = {result.num_candidates} candidates trained (K ~ Poisson(mean={K_DIST.mean:g}))")
+print(result)  # the release only: K and the seeds are not in it
 if result.hyperparameters is None:
     print("nothing released (K = 0 or every run diverged): the output is the default")
 else:
@@ -104,8 +104,14 @@ print(acc.report(result.event, delta=DELTA))
 # %% [markdown]
 # ### What is (and is not) released
 #
-# The result holds the selected candidate only: its hyperparameters, its trained parameters and
-# its score. The number of candidates K is released too; it was drawn independently of the data.
+# The result's release is the selected candidate only: its hyperparameters, its trained
+# parameters and its score, with ε, δ and the event. That is what `print(result)` shows and what
+# `result.save(path)` writes for publication.
+#
+# **K is not released.** It was drawn independently of the data, but the theorems bound the
+# mixture over K: published beside the best candidate, K turns the release into "best of k" for
+# that k, which can cost as much as k runs composed. K, the candidates' seeds and what a rerun
+# resumed are in `result.unreleased`, for you, not for publication.
 #
 # The **scores of the other candidates are not released**: they depend on the private data, and
 # the selection theorems cover the best candidate only, not the whole list. (`random_search(...,
@@ -115,8 +121,9 @@ print(acc.report(result.event, delta=DELTA))
 # %%
 n_params = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(result.params))
 print("released model parameters:", n_params if result.params is not None else None)
-print("other candidates' scores:", result.all_scores)
-assert result.all_scores is None
+print("other candidates' scores:", result.unreleased.all_scores)
+assert result.unreleased.all_scores is None
+print(result.unreleased)  # its fields' names only: their values are not for publication
 
 # %% [markdown]
 # ## 4. Why tune privately? A tuned hyperparameter can leak (Papernot & Steinke, Figure 1)

@@ -164,7 +164,7 @@ print(dry_run(config, GRID, data, repetitions=K, target_epsilon=TARGET_EPSILON, 
 # %%
 result = random_search(config, GRID, data, repetitions=K, target_epsilon=TARGET_EPSILON, delta=DELTA,
                        key=jax.random.key(0))
-print(f"K = {result.num_candidates} candidates, noise multiplier sigma = {result.noise_multiplier:.3f}")
+print(f"noise multiplier sigma = {result.noise_multiplier:.3f}")
 print(f"released: {result.hyperparameters}")
 print(f"score: {result.score:.3f} ({result.score_source})")
 print(f"epsilon of the whole search: {result.epsilon:.3f} at delta = {result.delta:g}")

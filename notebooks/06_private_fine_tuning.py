@@ -171,7 +171,7 @@ for epsilon in EPSILONS:
         # The same key for the three approaches: the same K and the same draws of the grid.
         results[name, epsilon] = search(name, epsilon, jax.random.key(int(10 * epsilon)))
         r = results[name, epsilon]
-        print(f"epsilon {epsilon:>4g} {name:>9}: K = {r.num_candidates}, sigma = {r.noise_multiplier:.3f}, "
+        print(f"epsilon {epsilon:>4g} {name:>9}: sigma = {r.noise_multiplier:.3f}, "
               f"released {r.hyperparameters}, accuracy {r.score:.3f} (search epsilon {r.epsilon:.3f})")
 
 # %% [markdown]

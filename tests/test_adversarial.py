@@ -743,10 +743,10 @@ def test_an_empty_tuning_subset_is_a_valid_outcome(small, small_config, two_devi
   # q = 0.03 of 20 rows: m = round(0.6) = 1 is declared, and with key 2 no row
   # is drawn (probability 0.97^20 = 0.54). Before: ValueError after the draw.
   res = _subset_search(small_config, small, two_devices, q=0.03, seed=2)
-  assert res.subset_mask.shape == (SMALL_ROWS,) and not res.subset_mask.any()
+  assert res.unreleased.subset_mask.shape == (SMALL_ROWS,) and not res.unreleased.subset_mask.any()
   assert res.subset_size == 1 and res.final_train_size == SMALL_ROWS - 1
   assert math.isfinite(res.epsilon) and res.epsilon == _accounted(small_config, 0.03, 1)
-  assert res.num_candidates >= 1 and res.tuned_hyperparameters is not None
+  assert res.unreleased.num_candidates >= 1 and res.tuned_hyperparameters is not None
   # The candidates trained on no row (noise only) still have a public test score.
   assert math.isfinite(res.tuned_score) and math.isfinite(res.score)
   assert res.learning_rate_factor == pytest.approx((SMALL_ROWS - 1) / 1)
@@ -757,7 +757,7 @@ def test_an_empty_final_set_is_a_valid_outcome_and_trains_on_noise_only(small, s
   # Variant 1, q = 0.97: m = 19, n = 1, and with key 0 every row is drawn into
   # X1 (probability 0.97^20 = 0.54): the final run is on no row.
   res = _subset_search(small_config, small, two_devices, q=0.97, seed=0)
-  assert res.subset_mask.all() and res.final_train_size == 1
+  assert res.unreleased.subset_mask.all() and res.final_train_size == 1
   assert math.isfinite(res.epsilon) and res.epsilon == _accounted(small_config, 0.97, 1)
   assert math.isfinite(res.score)
   # The released model is the final run on zero rows, with the documented key.
@@ -912,7 +912,7 @@ def finished(data, tmp_path_factory):
   run_dir = str(tmp_path_factory.mktemp("search"))
   trained = []
   result = _resume_search(make_config(), data, run_dir, trainer=fake_trainer(trained))
-  assert result.num_candidates == len(trained) == 2
+  assert result.unreleased.num_candidates == len(trained) == 2
   return run_dir, result
 
 

@@ -49,6 +49,7 @@ from jaxdp.accounting.events import RandomStopping
 from jaxdp.accounting.events import RdpCurve
 from jaxdp.accounting.events import RepeatAndSelect
 from jaxdp.accounting.events import ReportNoisyMax
+from jaxdp.accounting.events import SelectionWithCount
 from jaxdp.accounting.events import SubsampledTuning
 from jaxdp.accounting.events import ThresholdSelect
 from jaxdp.accounting.events import UniformCandidates

@@ -324,6 +324,35 @@ class RepeatAndSelect(dpa.DpEvent):
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
+class SelectionWithCount(dpa.DpEvent):
+  """A `RepeatAndSelect` whose number of runs K is released beside the best run.
+
+  K is the selection's internal randomness: the repeat-and-select theorems
+  (Papernot-Steinke, Koskela-Redberg-Wang, Liu-Talwar) bound the mixture over
+  K of best-of-K and hold only while K stays hidden. Published, K makes the
+  release best-of-k for that k, which can cost k runs composed. The pair (K,
+  best) is a post-processing of the K-run transcript, a mixture over k of
+  k-fold compositions with data-independent weights, so the methods that bound
+  that transcript cover it: "composition" (RDP, E[e^{(l-1) K eps(l)}]) and
+  "pld" (sum_k P(K=k) delta_{base^k}(eps)); the others refuse it
+  (REFERENCE.md §7c).
+
+  Example:
+    >>> import dp_accounting as dpa
+    >>> from jaxdp import accounting as acc
+    >>> hidden = acc.RepeatAndSelect(dpa.GaussianDpEvent(4.0), acc.Poisson(mean=10))
+    >>> round(acc.epsilon(acc.SelectionWithCount(hidden), 1e-5), 2) > round(acc.epsilon(hidden, 1e-5), 2)
+    True
+  """
+
+  selection: RepeatAndSelect
+
+  def __attrs_post_init__(self):
+    if not isinstance(self.selection, RepeatAndSelect):
+      raise ValueError(f"selection must be a RepeatAndSelect, got {self.selection!r}")
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
 class RandomStopping(dpa.DpEvent):
   """Liu-Talwar Algorithm 2: run `base`, stop w.p. `stop_prob` after each run,
   release the best run; `max_iterations` = hard stop T (None: no cap).
@@ -502,6 +531,7 @@ KINDS: Mapping[type, EventKind] = {
     ReportNoisyMax: EventKind(_LEAF, repr),
     RepeatAndSelect: EventKind(
         _BASE, lambda e: f"best of K ~ {e.distribution!r} runs of {describe(e.base)}"),
+    SelectionWithCount: EventKind(("selection",), lambda e: f"{describe(e.selection)}, and K"),
     RandomStopping: EventKind(_BASE, _describe_stopping("random stopping", "runs")),
     ThresholdSelect: EventKind(_BASE, _describe_stopping("threshold selection", "calls")),
     UniformCandidates: EventKind(

@@ -33,6 +33,7 @@ Thm 5.2) when there is no cap.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -132,6 +133,9 @@ class LiuTalwarAccountant(base.Accountant):
         ev.ThresholdSelect: self._threshold,
         ev.RandomStopping: self._random_stopping,
         ev.RepeatAndSelect: self._repeat_and_select,
+        ev.SelectionWithCount: functools.partial(
+            self._refuse, "K is released beside the best (SelectionWithCount): Liu-Talwar bounds hold "
+                          "for a hidden K only; methods 'composition' and 'pld' cover the pair"),
         ev.SubsampledTuning: self._no_pure,
     }
 

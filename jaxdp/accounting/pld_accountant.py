@@ -341,6 +341,8 @@ class PldAccountant(base.Accountant):
   def _rules(self):
     refusals = {cls: functools.partial(self._refuse, why) for cls, why in _UNSUPPORTED_REASONS.items()}
     return {**refusals, ev.RepeatAndSelect: self._select, ev.RandomStopping: self._select,
+            # Its theorem bounds the mixture of k-fold compositions, which holds K: the pair too.
+            ev.SelectionWithCount: lambda e, count, do: self._select(e.selection, count, do),
             ev.PureDp: self._dominating_pair, ev.ApproxDp: self._dominating_pair}
 
   def _dominating_pair(self, event, count, do_compose) -> Optional[_Details]:

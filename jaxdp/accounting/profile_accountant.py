@@ -117,6 +117,10 @@ class ProfileAccountant(base.Accountant):
         ev.UniformCandidates: self._candidates,
         ev.RandomStopping: self._random_stopping,
         ev.RepeatAndSelect: self._repeat_and_select,
+        ev.SelectionWithCount: functools.partial(
+            self._refuse, "K is released beside the best (SelectionWithCount): KRW bounds hold for "
+                          "the mixture over a hidden K only; methods 'composition' and 'pld' cover "
+                          "the pair"),
         ev.ThresholdSelect: functools.partial(
             self._refuse, "KRW bounds cover repeat-and-select, not Liu-Talwar's threshold algorithm; "
                           "see method 'liu-talwar'"),

@@ -158,6 +158,7 @@ class RdpSelectionAccountant(base.Accountant):
         ev.UniformCandidates: self._candidates,
         ev.RandomStopping: self._random_stopping,
         ev.RepeatAndSelect: self._repeat_and_select,
+        ev.SelectionWithCount: self._with_count,
         ev.ThresholdSelect: self._threshold,
         ev.SubsampledTuning: self._subsampled_tuning,
         dpa.NonPrivateDpEvent: self._non_private,
@@ -205,6 +206,12 @@ class RdpSelectionAccountant(base.Accountant):
       curve, pure_out, theorem = self._select(rdp, pure, event)
       self._add(curve, pure_out, theorem if inner == "single run" else f"{theorem} on [{inner}]", count)
     return None
+
+  def _with_count(self, event: ev.SelectionWithCount, count, do_compose) -> Optional[_Details]:
+    del count, do_compose
+    return _Details(event, "K is released beside the best (SelectionWithCount): the Papernot-Steinke "
+                           "RDP bound holds for the mixture over a hidden K only; methods "
+                           "'composition' and 'pld' cover the pair")
 
   def _subsampled_tuning(self, event: ev.SubsampledTuning, count, do_compose) -> Optional[_Details]:
     for part in (event.tune.base, event.final):
@@ -292,6 +299,10 @@ class CompositionAccountant(RdpSelectionAccountant):
   """
 
   method = "composition"
+
+  def _with_count(self, event, count, do_compose):
+    # The K-run transcript holds K: its bound covers the pair (K, best) as it is.
+    return self._repeat_and_select(event.selection, count, do_compose)
 
   def _threshold(self, event, count, do_compose):
     # Its output post-processes the transcript of K ~ min(Geometric(gamma), T) calls.

@@ -132,7 +132,7 @@ def run_repetitions(profile: Profile, data, watch) -> tuple[list, dict]:
             final_learning_rate=res.config.hparams["learning_rate"] if released else math.nan,
             sampling_prob=res.config.sampling_prob if released else math.nan,
             epochs=res.config.epochs if released else math.nan,
-            num_candidates=res.num_candidates, gradient_evaluations=reps.mean * mean_cost,
+            num_candidates=res.unreleased.num_candidates, gradient_evaluations=reps.mean * mean_cost,
             baseline_gradient_evaluations=reps.mean * mean_cost))
         for variant in (1, 2):
           out = subsampled_search(space, None, data, q=profile.q, variant=variant, repetitions=reps,
@@ -146,8 +146,9 @@ def run_repetitions(profile: Profile, data, watch) -> tuple[list, dict]:
               learning_rate=tuned.get("learning_rate", math.nan),
               final_learning_rate=out.final_config.hparams["learning_rate"],
               sampling_prob=out.final_config.sampling_prob, epochs=out.final_config.epochs,
-              num_candidates=out.num_candidates, gradient_evaluations=out.gradient_evaluations,
-              baseline_gradient_evaluations=out.baseline_gradient_evaluations))
+              num_candidates=out.unreleased.num_candidates,
+              gradient_evaluations=out.unreleased.gradient_evaluations,
+              baseline_gradient_evaluations=out.unreleased.baseline_gradient_evaluations))
   return records, tables
 
 

@@ -14,9 +14,9 @@ sharding), and exact `dict` (string keys), `list` and
 two copies). They are read back equal in type and bits. Anything else (a PyTorch `state_dict`, a scikit-learn model, a dict
 subclass, a NumPy object array) is stored whole as one `pickle` (protocol
 4) in a uint8 array. Reading a pickle runs code the file names: a run
-directory must be trusted like the code that wrote it (it is as secret as the
-data anyway, README "Privacy assumptions"). Its checksum detects damage,
-not tampering.
+directory is trusted like code and secret like the data (`jaxdp.sweep.store`),
+and so is a saved release that holds a pickled artifact
+(`jaxdp.tuning.load_release`). Its checksum detects damage, not tampering.
 """
 
 from __future__ import annotations

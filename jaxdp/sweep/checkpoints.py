@@ -13,7 +13,10 @@ Poisson sample is drawn from the loop key folded with t, its noise from the
 key in the state), so a candidate continued from a checkpoint draws the
 samples and the noise the uninterrupted run draws, and runs them through the
 same compiled step: the same bits on the same machine. A checkpoint is
-resumed only when it is exactly what was saved, by the run it was saved for:
+resumed only when it is what was saved, by the run it was saved for, as far
+as checksums tell: they detect damage, not tampering. Like everything in a
+`run_dir`, checkpoints are trusted like code and secret like the data
+(`jaxdp.sweep.store`): whoever can write them can forge one.
 
   - Every checkpoint carries the sha256 of its arrays (dtypes, shapes, bytes)
     and of its own metadata. A checkpoint that cannot be read, or whose
@@ -32,7 +35,7 @@ A checkpoint is an unreleased candidate's intermediate state: as secret as
 the data. A candidate's checkpoints, quarantined ones included, are removed
 once its record is durably in the pool (`CandidateStore`): they are never
 needed again, they cost disk, and what is not kept cannot leak. What a
-search reports of them (`resumed_steps`, the progress line) is the label of
+search keeps of them (`Unreleased.resumed_steps`) is the label of
 the checkpoint a candidate resumed from: the step its segment was asked to
 stop at (a multiple of `checkpoint_every`, or with the automatic cadence a
 function of the measured step time, which like the job's duration is not
@@ -217,16 +220,19 @@ class Checkpoints:
     target = os.path.join(self.quarantine, candidate_id, f"{step}-{time.time_ns()}")
     os.makedirs(os.path.dirname(target), exist_ok=True)
     os.replace(source, target)
-    warnings.warn(f"checkpoint {source}: {why}; moved to {target}, and candidate {candidate_id} "
-                  "resumes from its previous valid checkpoint (or from step 0)", stacklevel=3)
+    # Named by step, not by path: a path names the candidate's id, which hashes its key.
+    warnings.warn(f"a checkpoint (step {step}) under {self.directory}: {why}; moved to "
+                  f"{self.quarantine}, and its candidate resumes from its previous valid checkpoint "
+                  "(or from step 0)", stacklevel=3)
 
   def remove(self, candidate_ids) -> None:
     """Deletes the checkpoints, quarantined ones included, of candidates whose results are
     stored (waiting for their pending saves): secret states that are never needed again."""
     def failed(function, path, exc_info):
       if os.path.lexists(path):
-        warnings.warn(f"could not delete {path} ({exc_info[1]}): it holds an unreleased "
-                      "candidate's state, as secret as the data; delete it by hand", stacklevel=4)
+        warnings.warn(f"could not delete a checkpoint under {self.directory} "
+                      f"({type(exc_info[1]).__name__}): it holds an unreleased candidate's state, "
+                      "as secret as the data; delete it by hand", stacklevel=4)
     for cid in candidate_ids:
       self._forget(cid)
       for path in (self._path(cid), os.path.join(self.quarantine, cid)):

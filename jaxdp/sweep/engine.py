@@ -51,13 +51,13 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from tqdm.auto import tqdm
 
 from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
 from jaxdp.sweep import checkpoints
 from jaxdp.sweep.plan import SearchPlan, as_plan
+from jaxdp.sweep.progress import candidates_bar
 from jaxdp.sweep.space import Candidate, candidate_keys
 from jaxdp.train import program
 from jaxdp.train.program import LoopOutput, LoopSpec
@@ -529,14 +529,12 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, Searc
   splits = jax.device_put(device_splits(plan.data), NamedSharding(mesh, P()))
   store = None if checkpoint_dir is None else checkpoints.Checkpoints(checkpoint_dir)
   saver = None if store is None else _Saver(store, plan, candidates)
-  with contextlib.ExitStack() as stack, tqdm(total=len(candidates), disable=not progress,
-                                             desc="candidates", unit="cand") as bar:
+  with contextlib.ExitStack() as stack, candidates_bar(len(candidates), progress) as bar:
     if store is not None:
       stack.enter_context(store)  # pending saves finish before the call returns
     collector = _Collector(candidates, plan, keep_params, on_chunk, bar, saver)
     pending = None
-    for g, group in enumerate(groups):
-      bar.set_description(f"candidates (group {g + 1}/{len(groups)})")
+    for group in groups:
       per_device = max_candidates_per_device or auto_candidates_per_device(group.spec, devices[0],
                                                                             splits[0])
       slots = len(devices) // group.data_parallel  # candidates trained side by side

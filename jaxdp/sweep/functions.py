@@ -21,9 +21,9 @@ each trained candidate with its artifact (`jaxdp.sweep.artifacts`).
 `train_functions` is its trainer, with `jaxdp.sweep.train_candidates`'s
 signature, so the Ray backend runs it on a cluster unchanged.
 
-The seed a candidate is called with is `call_seed(candidate)`: the 63 leading
-bits of its id, a hash of its grid point and of the seed the search's key
-drew for it, so the same on every resume and in any process.
+The seed a candidate is called with is `call_seed(candidate)`: 63 bits hashed
+from the key the search's key drew for it, so the same on every resume and in
+any process, and as secret as the search key (the tuners never release it).
 
 What cannot be checked, and is the caller's contract: that all of the run's
 randomness comes from `seed` (a resume retrains with it: a function that
@@ -36,31 +36,25 @@ return a non-finite score, which counts as the worst).
 
 from __future__ import annotations
 
-import collections
-import collections.abc
 import copy
 import dataclasses
 import functools
 import hashlib
-import inspect
 import itertools
 import json
 import numbers
-import pickle
 import time
-import types
-import uuid
 import warnings
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import dp_accounting
 import jax
-import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 import jaxdp
 from jaxdp.sweep import artifacts
+from jaxdp.sweep.identity import UNIDENTIFIED, function_identity
+from jaxdp.sweep.progress import candidates_bar
 from jaxdp.sweep.space import Candidate, _json_value, checked_grid, point_key
 from jaxdp.train.digest import scrub
 
@@ -69,188 +63,31 @@ SEED_BITS = 63
 
 
 class TrainFunctionError(RuntimeError):
-  """`train_fn` raised: the message names the candidate's hyperparameters and seed; the
-  function's own exception is the cause (`__cause__`)."""
+  """`train_fn` raised: the message names the candidate's hyperparameters; the function's own
+  exception is the cause (`__cause__`).
+
+  Attributes:
+    hyperparameters: what `train_fn` was called with.
+    seed: the seed it was called with, to reproduce the call. Not in the message: a seed is
+      the run's noise, as secret as the search key (a log of the message must not hold it).
+  """
+
+  def __init__(self, message: str, hyperparameters: Mapping[str, Any], seed: int):
+    super().__init__(message)
+    self.hyperparameters, self.seed = dict(hyperparameters), seed
+
+  def __reduce__(self):  # a Ray worker's exception travels to the driver by pickle
+    return type(self), (self.args[0], self.hyperparameters, self.seed)
 
 
 def call_seed(candidate: Candidate) -> int:
-  """The seed `train_fn` gets for `candidate`: an integer in [0, 2**63) from its id (a hash of
-  its grid point and drawn seed), so two distinct candidates of a search share it with
-  probability about K**2 / 2**64."""
-  return int(candidate.id, 16) >> (64 - SEED_BITS)
-
-
-#: The key of an identity that cannot be resumed (see `function_identity`).
-UNIDENTIFIED = "unidentified"
-#: How deep `function_identity` follows functions held by functions; deeper ones are recorded by
-#: name.
-_DEPTH = 8
-
-
-def function_identity(fn: Callable) -> dict:
-  """What a run directory records of a function, so that a resume with another one is refused.
-
-  Per layer (a `functools.partial`, a wrapper with `__wrapped__` such as `functools.wraps`,
-  `functools.lru_cache` or `jax.jit`, the function itself): its module and qualified name,
-  the sha256 of its source and of its bytecode (two lambdas on one line differ), and what it
-  holds besides its code: a closure's cells, its defaults, the globals it reads (modules
-  by name, functions of other modules by name), a partial's bound arguments, a callable
-  object's attributes and slots. Values are recorded by content: arrays by their bytes,
-  containers by their items (sets sorted, cycles as references), objects by their class and
-  attributes. A value that cannot be identified so makes the identity unique to this call
-  (`UNIDENTIFIED`): a run directory then cannot be resumed, which is safe. Not recorded: the
-  files a function loads, the libraries it calls (README, "Privacy assumptions").
-  """
-  try:
-    return _identity(fn, _DEPTH, {})
-  except RecursionError:
-    pass
-  except Exception as err:  # pylint: disable=broad-except  # a value that refuses to be read
-    return {UNIDENTIFIED: f"{type(err).__name__}: {err}"[:200], "nonce": uuid.uuid4().hex}
-  return {UNIDENTIFIED: "it holds values nested too deeply", "nonce": uuid.uuid4().hex}
-
-
-def _identity(fn, depth: int, memo: dict) -> dict:
-  if isinstance(fn, functools.partial):
-    return {"partial": _identity(fn.func, depth, memo),
-            "held": _canonical([fn.args, fn.keywords], depth, memo)}
-  target = fn.__func__ if inspect.ismethod(fn) else fn
-  function = inspect.isfunction(target)
-  kind = target if function else type(fn)
-  out = {"name": f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', repr(kind))}"}
-  try:
-    out["source_sha256"] = hashlib.sha256(inspect.getsource(kind).encode()).hexdigest()
-  except (OSError, TypeError):  # no source file (a prompt, a builtin)
-    out["source_sha256"] = None
-  if function:
-    out["code_sha256"] = _code_digest(target.__code__)
-    out["held"] = _canonical(_held(target, fn), depth, memo)
-  wrapped = getattr(fn, "__wrapped__", None) if not inspect.ismethod(fn) else None
-  if not function and (wrapped is None or wrapped is fn):  # a user's callable object
-    out["held"] = _canonical(_state(fn), depth, memo)
-  if wrapped is not None and wrapped is not fn:
-    # A wrapper object (`jax.jit`, `functools.lru_cache`) holds its compiled or cached state:
-    # what it runs is what it wraps.
-    out["wraps"] = _identity(wrapped, depth, memo)
-  return out
-
-
-def _code_digest(code: types.CodeType) -> str:
-  """sha256 of a code object's bytecode, names and constants (nested code included)."""
-  digest = hashlib.sha256(code.co_code)
-  digest.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_firstlineno)).encode())
-  for const in code.co_consts:
-    if isinstance(const, types.CodeType):
-      digest.update(_code_digest(const).encode())
-    elif isinstance(const, frozenset):  # `x in {...}`: its order follows the hash seed
-      digest.update(repr(sorted(map(repr, const))).encode())
-    else:
-      digest.update(repr(const).encode())
-  return digest.hexdigest()
-
-
-def _held(function, fn) -> list:
-  """What a plain function holds: closure cells, defaults, the globals it reads (and, for a
-  bound method, its instance)."""
-  cells = []
-  for cell in function.__closure__ or ():
-    try:
-      cells.append(cell.cell_contents)
-    except ValueError:  # a cell not yet filled
-      cells.append(None)
-  names = set(function.__code__.co_names)
-  reads = {}
-  for name in sorted(names & set(function.__globals__)):
-    value = function.__globals__[name]
-    if isinstance(value, types.ModuleType):
-      reads[name] = ["module", value.__name__]
-    elif callable(value) and getattr(value, "__module__", None) != function.__module__:
-      reads[name] = ["elsewhere", f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__qualname__)}"]
-    else:
-      reads[name] = value
-  instance = fn.__self__ if inspect.ismethod(fn) else None
-  return [cells, function.__defaults__, function.__kwdefaults__, reads,
-          None if instance is None else _state(instance)]
-
-
-def _state(obj, skip=()) -> dict:
-  """An object's attributes and slots (dunder names and `skip` left out)."""
-  state = {}
-  for name, value in (vars(obj).items() if hasattr(obj, "__dict__") else ()):
-    if not name.startswith("__") and name not in skip:
-      state[name] = value
-  for cls in type(obj).__mro__:
-    slots = cls.__dict__.get("__slots__", ())
-    for name in [slots] if isinstance(slots, str) else slots:
-      if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
-        state[name] = getattr(obj, name)
-  return state
-
-
-def _canonical(value: Any, depth: int, memo: dict):
-  """A JSON stand-in for `value`, the same in every process for equal values (see
-  `function_identity`); a container met twice is a reference to its first place."""
-  if value is None or isinstance(value, (bool, int, str)):
-    return value
-  if isinstance(value, float):
-    return repr(value)
-  if isinstance(value, types.ModuleType):
-    return ["module", value.__name__]
-  if isinstance(value, type):
-    return ["class", f"{value.__module__}.{value.__qualname__}"]
-  seen = memo.get(id(value))
-  if seen is not None and seen[1] is value:
-    return ["ref", seen[0]]
-  memo[id(value)] = (len(memo), value)  # the value too: a freed object's id is reused
-  if isinstance(value, (list, tuple, collections.deque)):
-    return [type(value).__name__, [_canonical(v, depth, memo) for v in value]]
-  if isinstance(value, Mapping):
-    return [type(value).__name__,
-            [[_canonical(k, depth, memo), _canonical(v, depth, memo)] for k, v in value.items()]]
-  if isinstance(value, (set, frozenset)):  # iteration order follows the process's hash seed
-    return ["set", sorted(json.dumps(_canonical(v, depth, memo), sort_keys=True) for v in value)]
-  if isinstance(value, (np.ndarray, np.generic, jax.Array)):
-    if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
-      value = jax.random.key_data(value)
-    array = np.ascontiguousarray(np.asarray(value))
-    if array.dtype.kind == "O":
-      return ["objects", list(array.shape), [_canonical(v, depth, memo) for v in array.reshape(-1)]]
-    return ["array", str(array.dtype), list(array.shape), hashlib.sha256(array.tobytes()).hexdigest()]
-  if callable(value):
-    if depth <= 0:
-      kind = value if inspect.isfunction(value) else type(value)
-      return ["function", f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', '?')}"]
-    return ["function", _identity(value, depth - 1, memo)]
-  if hasattr(value, "__array__"):  # a PyTorch tensor, ...: by its values where it gives them
-    try:
-      array = np.asarray(value)
-    except Exception:  # pylint: disable=broad-except
-      array = None
-    if array is not None and array.dtype.kind != "O":
-      return ["array", str(array.dtype), list(array.shape),
-              hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()]
-  if inspect.isgenerator(value) or isinstance(value, collections.abc.Iterator):
-    raise ValueError(f"it holds a {type(value).__name__}, whose values cannot be read without "
-                     "consuming them")
-  state = _state(value)
-  if state or hasattr(value, "__dict__"):
-    return ["object", f"{type(value).__module__}.{type(value).__qualname__}",
-            _canonical(state, depth, memo)]
-  # No attributes to read (a C type): its pickle, or its type alone when it has none (a lock, a
-  # file: resources, not values).
-  name = f"{type(value).__module__}.{type(value).__qualname__}"
-  try:
-    return ["pickle", name, hashlib.sha256(pickle.dumps(value, protocol=4)).hexdigest()]
-  except Exception:  # pylint: disable=broad-except
-    return ["type", name]
-
-
-def function_name(fn: Callable) -> str:
-  """`fn`'s module.qualname (of the function a `functools.partial` wraps)."""
-  while isinstance(fn, functools.partial):
-    fn = fn.func
-  return (f"{getattr(fn, '__module__', None) or type(fn).__module__}."
-          f"{getattr(fn, '__qualname__', None) or type(fn).__qualname__}")
+  """The seed `train_fn` gets for `candidate`: an integer in [0, 2**63), the leading bits of
+  sha256 of its PRNG key's data (a key split from the search's key, every bit of it), so the
+  same on every resume and in any process; two distinct candidates of a search share it with
+  probability about K**2 / 2**64. As secret as the search key: it is the run's noise."""
+  words = np.asarray(jax.random.key_data(candidate.key()), np.uint32).reshape(-1)
+  digest = hashlib.sha256(candidate.key_impl.encode() + words.astype(">u4").tobytes()).digest()
+  return int.from_bytes(digest[:8], "big") >> (64 - SEED_BITS)
 
 
 def checked_event(event_fn: Callable, hparams: Mapping[str, Any]) -> dp_accounting.DpEvent:
@@ -489,7 +326,7 @@ class FunctionPlan:
                           stored=None if leaves is None else (record["artifact"], leaves))
 
 
-def _score(value: Any, hparams: Mapping[str, Any], seed: int) -> float:
+def _score(value: Any, hparams: Mapping[str, Any]) -> float:
   """`train_fn`'s score as a float; ValueError unless it is a real number (a one-element
   NumPy, JAX or PyTorch array included)."""
   item = getattr(value, "item", None)
@@ -502,7 +339,7 @@ def _score(value: Any, hparams: Mapping[str, Any], seed: int) -> float:
     value = value.item()
   message = (f"train_fn must return (score, artifact) with a real score (higher is better), got "
              f"a score of type {type(value).__name__} ({value!r:.100}) for hyperparameters "
-             f"{dict(hparams)}, seed {seed}")
+             f"{dict(hparams)}")
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
     raise ValueError(message)
   try:
@@ -525,17 +362,17 @@ def call(plan: FunctionPlan, candidate: Candidate) -> FunctionResult:
     out = plan.train_fn(copy.deepcopy(dict(run.hparams)), seed)  # its own: what it mutates stays there
   except Exception as err:
     raise TrainFunctionError(
-        f"train_fn raised {type(err).__name__} for hyperparameters {dict(run.hparams)}, seed "
-        f"{seed}: {err}. The search stopped here (candidates stored before it stay in run_dir); "
+        f"train_fn raised {type(err).__name__} for hyperparameters {dict(run.hparams)}: {err}. "
+        "The search stopped here (candidates stored before it stay in run_dir); "
         "a value train_fn rejects can be rejected by dp_event too, which is called on every grid "
-        "point before anything is drawn") from err
+        "point before anything is drawn (the call's seed: this error's .seed)", run.hparams, seed) from err
   elapsed = time.perf_counter() - began
   if not isinstance(out, tuple) or len(out) != 2:
     raise ValueError(f"train_fn must return a (score, artifact) tuple, got {type(out).__name__} "
-                     f"({out!r:.100}) for hyperparameters {dict(run.hparams)}, seed {seed}")
+                     f"({out!r:.100}) for hyperparameters {dict(run.hparams)}")
   # Encoded now, arrays copied: a function that reuses one buffer or model for every call must
   # not change what an earlier candidate releases, and a run directory stores this very form.
-  return FunctionResult(score=_score(out[0], run.hparams, seed), stored=artifacts.snapshot(out[1]),
+  return FunctionResult(score=_score(out[0], run.hparams), stored=artifacts.snapshot(out[1]),
                         wall_time_s=elapsed, seed=seed)
 
 
@@ -565,11 +402,13 @@ def train_functions(candidates: Sequence[Candidate], plan: FunctionPlan, *, keep
                      "itself, if at all")
   plan.check_candidates(candidates)
   results = []
-  for c in tqdm(candidates, disable=not progress, desc="candidates", unit="cand"):
-    result = call(plan, c)
-    if not keep_params:
-      result = dataclasses.replace(result, stored=None)
-    results.append(result)
-    if on_chunk is not None:
-      on_chunk([(c, result)])
+  with candidates_bar(len(candidates), progress) as bar:
+    for c in candidates:
+      result = call(plan, c)
+      if not keep_params:
+        result = dataclasses.replace(result, stored=None)
+      results.append(result)
+      if on_chunk is not None:
+        on_chunk([(c, result)])
+      bar.update(1)
   return results

@@ -4,7 +4,8 @@ A run directory holds `manifest.json` (what the pool is for: a fingerprint of
 the search space, data and code-relevant settings, plus the pool format and
 how candidate keys were derived) and `results.jsonl`. Each record carries the
 sha256 of its own canonical JSON, so damage anywhere in the file is detected,
-not only a torn last line.
+not only a torn last line; tampering is not (a run directory is trusted like
+code and secret like the data: `jaxdp.sweep.store`).
 
 Guarantees:
   - Nothing valid is lost. A line that fails its checksum (flipped byte, torn
@@ -65,8 +66,9 @@ LOCK = ".writer.lock"
 #: 1: unchecked JSON lines, candidate key = key(seed). 2: sha256 per record,
 #: candidate key from (point, seed). 3: any task; records hold `test_score`
 #: (was `test_accuracy`) and `score_source`. 4: the manifest records each grid
-#: point's DpEvent and program digest (`jaxdp_mechanism`).
-POOL_FORMAT = 4
+#: point's DpEvent and program digest (`jaxdp_mechanism`). 5: a search's candidates hold keys
+#: split from the search key (records' `seed` is None; `id` hashes the key).
+POOL_FORMAT = 5
 _CHECKSUM = "sha256"
 _RESERVED = "jaxdp_pool"
 #: The manifest's record of what each grid point computes: part -> point key -> value.
@@ -438,7 +440,7 @@ class ResultPool:
       if why is not None and number == len(lines) and unterminated:
         why += ", unterminated last line (a write cut short)"
       if why is None and record["id"] in first_line:
-        bad.append((number, raw, f"repeated record: it repeats candidate {record['id']} first stored "
+        bad.append((number, raw, f"repeated record: it repeats the candidate first stored "
                                  f"at line {first_line[record['id']]}, which is kept"))
         continue
       if why is not None:
@@ -508,7 +510,7 @@ class ResultPool:
       if not isinstance(rid, str):
         raise ValueError(f"every record needs a string 'id', got {rid!r}")
       if rid in self._ids or rid in ids:
-        raise ValueError(f"record id {rid!r} is already in the pool; each candidate is stored once")
+        raise ValueError("a record's id is already in the pool; each candidate is stored once")
       safe.pop(_CHECKSUM, None)
       ids.add(rid)
       normal.append(safe)

@@ -20,6 +20,7 @@ from jaxdp._cache import LruCache
 from jaxdp.sweep import checkpoints
 from jaxdp.sweep import engine
 from jaxdp.sweep.plan import as_plan
+from jaxdp.sweep.progress import candidates_bar
 from jaxdp.sweep.store import local_trainer
 
 
@@ -177,7 +178,7 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
     idx = list(range(start, min(start + chunk_size, len(candidates))))
     pending[remote.remote(box, idx)] = idx
   results: list = [None] * len(candidates)
-  with tqdm(total=len(candidates), disable=not progress, desc="candidates (ray)", unit="cand") as bar:
+  with candidates_bar(len(candidates), progress, "candidates (ray)") as bar:
     while pending:
       ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
       nodes = _report_lost(ray, nodes, max_retries, token is not None)
@@ -185,11 +186,10 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
         continue
       idx = pending.pop(ready[0])
       chunk = ray.get(ready[0])
-      resumed = [f"{candidates[i].id} at step {res.resumed_step}" for i, res in zip(idx, chunk)
-                 if token is not None and res.resumed_step]  # only checkpointed runs resume
-      if resumed:
-        _say(f"candidate(s) {', '.join(resumed)} resumed from their checkpoints (a task Ray "
-             "retried after its worker or node was lost, or a rerun)")
+      if token is not None and any(res.resumed_step for res in chunk):  # only checkpointed runs resume
+        # No ids (they hash the candidates' keys) and no count (of K): what resumed, not which.
+        _say("a chunk's candidates resumed from their checkpoints (a task Ray retried after its "
+             "worker or node was lost, or a rerun)")
       for i, res in zip(idx, chunk):
         results[i] = res
       if on_chunk is not None:

@@ -5,14 +5,17 @@ A search space is a finite grid of values around a base `TrainConfig`
 vary any config field (C, sigma, q or expected batch size, steps or epochs)
 and any hyperparameter the task reads (learning rate, any optimizer
 argument, model width, ...).
-A candidate is one grid point plus a seed; its identity is a hash of both, so
-a pool on disk can tell which candidates are already trained.
+A candidate is one grid point plus its randomness; its identity is a hash of
+both, so a pool on disk can tell which candidates are already trained.
 
-A candidate's PRNG key is derived from its grid point *and* its seed
+A private search draws each candidate's PRNG key from its own key
+(`Candidate.drawn`): the candidate's noise carries all of the search key's
+entropy. A simulation pool enumerates public replicate seeds instead, and a
+candidate's key is derived from its grid point *and* its seed
 (`candidate_key`), never from the seed alone: with `key(seed)` every grid
 point trained with seed 0 drew the same noise and the same batches, so the
-runs a search selects among were coupled, not the independent trials the
-selection theorems assume.
+runs a simulated search selects among were coupled, not the independent
+trials the selection theorems assume.
 """
 
 from __future__ import annotations
@@ -173,9 +176,10 @@ class SearchSpace:
     return seen
 
 
-#: How `candidate_key` derives keys. Durable pools record it, so a pool trained
-#: with another derivation is refused instead of mixed.
-KEY_DERIVATION = "fold_in(fold_in(key(seed), sha256(point)[0:4]), sha256(point)[4:8])"
+#: How candidates get their PRNG keys. Durable pools record it, so a pool trained with another
+#: derivation is refused instead of mixed.
+KEY_DERIVATION = ("drawn: split(search key) per candidate, the key's every bit; replicate seed: "
+                  "fold_in(fold_in(key(seed), sha256(point)[0:4]), sha256(point)[4:8])")
 
 
 def _canonical_point(point: Mapping[str, Any]) -> bytes:
@@ -195,7 +199,8 @@ def point_hash(point: Mapping[str, Any]) -> tuple:
 
 
 def candidate_key(point: Mapping[str, Any], seed: int) -> jax.Array:
-  """The PRNG key of grid point `point` trained with `seed`.
+  """The PRNG key of grid point `point` trained with the public replicate `seed` (a
+  `grid_candidates` pool; a private search draws its candidates' keys from its own key).
 
   Guarantees:
     Same (point, seed) -> same key, in any process. Different points with the
@@ -211,8 +216,17 @@ def candidate_key(point: Mapping[str, Any], seed: int) -> jax.Array:
 def candidate_keys(candidates: Sequence["Candidate"]) -> jax.Array:
   """`[c.key() for c in candidates]` stacked, derived at once (the same keys: `fold_in` is
   defined key by key, so its vmap gives each candidate the key it gets alone)."""
-  words = np.array([(c.seed, *point_hash(c.point)) for c in candidates], np.uint32).reshape(-1, 3)
-  return _derive_keys(words)
+  impls = {c.key_impl for c in candidates}
+  if len(impls) > 1:
+    raise ValueError(f"candidates trained together must share one PRNG implementation, got {sorted(impls)}")
+  drawn = [c for c in candidates if c.seed is None]
+  if not drawn:
+    words = np.array([(c.seed, *point_hash(c.point)) for c in candidates], np.uint32).reshape(-1, 3)
+    return _derive_keys(words)
+  if len(drawn) == len(candidates):
+    return jax.random.wrap_key_data(np.array([c.key_data for c in candidates], np.uint32),
+                                    impl=impls.pop())
+  return jax.numpy.stack([c.key() for c in candidates])
 
 
 @jax.jit
@@ -223,26 +237,71 @@ def _derive_keys(words):
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-  """One grid point trained with one seed; its PRNG key is `candidate_key(point, seed)`."""
+  """One grid point and the randomness it trains with.
+
+  A private search's candidates are drawn (`Candidate.drawn`): each holds a
+  key split from the search's key, every bit of it (`key_data`), so nothing
+  narrower than the search key stands between that key and a run's noise,
+  batches and initialisation. A simulation pool's candidates
+  (`grid_candidates`) hold a public replicate `seed` instead, and their key is
+  `candidate_key(point, seed)`.
+
+  A candidate's key, its `key_data`, its `seed` and its `id` (a hash of its
+  point and its randomness) are as secret as the search key: they regenerate
+  its noise. The tuners never release them, print them or log them.
+
+  Args:
+    point: the grid point.
+    config: its configuration (a `TrainConfig`, or a training function's run).
+    seed: a replicate seed in [0, 2**32) (a simulation pool), or None with `key_data`.
+    key_data: the raw data of a drawn key (a tuple of uint32 words), or None with `seed`.
+    key_impl: the PRNG implementation of `key_data` (e.g. "threefry2x32").
+  """
 
   point: Mapping[str, Any]
-  config: TrainConfig
-  seed: int
+  config: Any
+  seed: Optional[int] = None
+  key_data: Optional[tuple] = dataclasses.field(default=None, repr=False)
+  key_impl: str = dataclasses.field(default="", repr=False)
 
   def __post_init__(self):
-    _validate.integer("seed", self.seed, low=0, high=2**32 - 1)
+    if (self.seed is None) == (self.key_data is None):
+      raise ValueError("a Candidate takes either a replicate seed or the key_data of a drawn key, "
+                       f"not both nor neither (seed={self.seed!r})")
+    if self.seed is not None:
+      _validate.integer("seed", self.seed, low=0, high=2**32 - 1)
+      if not self.key_impl:
+        object.__setattr__(self, "key_impl", str(jax.random.key_impl(jax.random.key(0))))
+    else:
+      words = tuple(int(w) for w in np.asarray(self.key_data, np.uint32).reshape(-1))
+      object.__setattr__(self, "key_data", words)
+      if not self.key_impl:
+        raise ValueError("a drawn Candidate needs its key_impl (e.g. 'threefry2x32')")
+
+  @classmethod
+  def drawn(cls, point: Mapping[str, Any], config: Any, key: jax.Array) -> "Candidate":
+    """The candidate at `point` that trains with `key` (a typed PRNG key drawn from a search's)."""
+    return cls(point, config, key_data=tuple(np.asarray(jax.random.key_data(key)).reshape(-1)),
+               key_impl=str(jax.random.key_impl(key)))
 
   @property
   def id(self) -> str:
-    """Stable identity: hash of the grid point and the seed."""
-    return candidate_id(self.point, self.seed)
+    """Stable identity: a hash of the grid point and the candidate's randomness (secret)."""
+    if self.seed is not None:
+      return candidate_id(self.point, self.seed)
+    text = json.dumps({"point": {k: _plain(v) for k, v in self.point.items()},
+                       "key": [self.key_impl, list(self.key_data)]}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
   def key(self) -> jax.Array:
-    """The candidate's PRNG key, derived from its grid point and its seed."""
-    return candidate_key(self.point, self.seed)
+    """The candidate's PRNG key."""
+    if self.seed is not None:
+      return candidate_key(self.point, self.seed)
+    return jax.random.wrap_key_data(np.array(self.key_data, np.uint32), impl=self.key_impl)
 
 
 def candidate_id(point: Mapping[str, Any], seed: int) -> str:
+  """The id of the replicate-`seed` candidate at `point` (`grid_candidates`)."""
   text = json.dumps({"point": {k: _plain(v) for k, v in point.items()}, "seed": int(seed)},
                     sort_keys=True, default=str)
   return hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -22,8 +22,16 @@ epsilon accounts for; a stored score released under a changed mechanism
 (say a `NoisyMean` now given a larger noise multiplier) would be reported
 with the new mechanism's epsilon, not the one that produced it.
 
-The pool holds candidates that are never released (their scores and
-parameters): a `run_dir` is as secret as the data.
+**A `run_dir` is trusted like code and secret like the data** (the one
+statement for everything in it: the pool's records and parameter files, a
+training function's artifacts, the candidates' checkpoints). Secret: it holds
+candidates that are never released (their scores, parameters, ids, which hash
+their keys) and the checkpoints of unfinished ones. Trusted: every file
+carries a sha256 that detects damage (a crash, a truncated write), not
+tampering; whoever can write the directory can forge a record, a checkpoint
+or a pickled artifact (which runs code when it is read) and so choose what a
+resumed search releases. Keep it where only you and your job can read and
+write, as you keep the data.
 
 What a record holds is the plan's to say (`SearchPlan.record` / `result` for a
 task's candidates, `FunctionPlan.record` / `result` for a training function's,
@@ -216,7 +224,7 @@ class CandidateStore:
     records = {r["id"]: r for r in self.pool.records}
     missing = [c.id for c in candidates if c.id not in records]
     if missing:
-      raise RuntimeError(f"the trainer returned without storing candidates {missing[:3]}: a backend "
+      raise RuntimeError(f"the trainer returned without storing {len(missing)} candidate(s): a backend "
                          "must call on_chunk for every chunk it trains")
     if not self.keep_params:
       return [self.plan.result(c, records[c.id], None) for c in candidates]

@@ -18,7 +18,8 @@ import numpy as np
 from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.accounting import inverse
-from jaxdp.sweep.functions import FunctionPlan, function_name
+from jaxdp.sweep.functions import FunctionPlan
+from jaxdp.sweep.identity import function_name
 from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.space import SearchSpace
 from jaxdp.train.trainer import score_source

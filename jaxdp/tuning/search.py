@@ -21,7 +21,6 @@ or a `FunctionPlan`.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import math
 import sys
@@ -48,113 +47,7 @@ from jaxdp.train.config import NotPrivateWarning
 from jaxdp.train.trainer import score_source
 from jaxdp.tuning import _args
 from jaxdp.tuning import planning
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TunedResult:
-  """What a private search releases.
-
-  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
-  differ by adding or removing one private example (training or private
-  validation), which is what `event` accounts; the training set size N is
-  the declared public `data.num_examples`, never counted from the rows (every
-  step divides by q N, and an expected batch size b means q = b / N), and a
-  `NoisyMean` divides by its declared `num_examples`; `score_source` says where the score came from: a plain score
-  reads `data.test`, which is treated as public and is NOT accounted, a DP
-  score reads `data.private_validation` and its event is in `event`. Only
-  the selected candidate is covered by `epsilon`. The key must stay secret
-  (it regenerates the noise).
-
-  Attributes:
-    hyperparameters: the selected grid point, or None when nothing is released
-      (K = 0, every candidate diverged, or the threshold was never reached):
-      the documented default output. Covered by `epsilon`.
-    config: the selected candidate's `TrainConfig` (None likewise). Covered.
-    params: its trained parameters (None likewise). Covered.
-    score: its selection score, NaN if nothing is released. Covered.
-    num_candidates: how many candidates were trained. For `random_search` this
-      is K, drawn from the public `repetitions` law with the caller's key
-      before any data is touched, so publishing it reveals nothing about the
-      data. For `threshold_search` it is the index of the first candidate
-      that reached the threshold: it depends on the data and is NOT covered by
-      `epsilon` (Liu-Talwar's guarantee covers the released candidate or
-      "nothing", not how many were tried); keep it private.
-    epsilon: epsilon of the whole search at `delta`.
-    delta: target delta.
-    event: the accounted event.
-    accounting_method: the method that gave `epsilon` ("best" = tightest valid).
-    all_scores: every candidate's (grid point, score) only if requested with
-      `release_all_scores=True`; NOT covered by `epsilon`.
-    score_source: 'public test split (not accounted)' or 'private validation
-      split (DP score, accounted)'.
-    noise_multiplier: the sigma calibrated for `target_epsilon`, or None.
-    auto_static: hyperparameter -> why it was compiled as a static value
-      although it is a float (the optimizer factory needs its value; see
-      `jaxdp.train.Task.concrete_hparams`): one compilation per value.
-    resumed: how many of the trained candidates were read back from
-      `run_dir` (stored by an earlier, interrupted run of the same search)
-      instead of trained now; 0 without `run_dir`.
-    resumed_steps: candidate id -> the step its training resumed at, for the
-      candidates trained now that continued an interrupted run's checkpoint
-      (`ExecutionConfig.checkpoint_every`) instead of step 0: the stop of the
-      segment that saved it, never a step counter the data decide (a
-      candidate that diverged earlier resumes as diverged).
-  """
-
-  hyperparameters: Optional[Mapping[str, Any]]
-  config: Optional[TrainConfig]
-  params: Any
-  score: float
-  num_candidates: int
-  epsilon: float
-  delta: float
-  event: Any
-  accounting_method: str = "best"
-  all_scores: Optional[tuple] = None
-  score_source: str = ""
-  noise_multiplier: Optional[float] = None
-  auto_static: Mapping[str, str] = dataclasses.field(default_factory=dict)
-  resumed: int = 0
-  resumed_steps: Mapping[str, int] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TunedFunctionResult:
-  """What a private search over a training function releases (README, "Tune any trainer").
-
-  The vocabulary of `TunedResult`, with the function's artifact in place of
-  the parameters. Covered by `epsilon` (if `dp_event` is what `train_fn`
-  runs, the caller's contract): `hyperparameters`, `artifact`, `score`; and
-  `num_candidates` for `random_search` (K, drawn from the public law before
-  anything trains), not for `threshold_search` (see `TunedResult`).
-
-  Attributes:
-    hyperparameters: what the selected candidate's `train_fn` was called with
-      (its grid point, and the calibrated noise), or None when nothing is
-      released (K = 0, no finite score, or no score reached the threshold).
-    artifact: what its `train_fn` returned beside the score (None likewise);
-      with a `run_dir`, read back from there (`jaxdp.sweep.artifacts`).
-    score: its score, NaN if nothing is released.
-    seed: the seed its `train_fn` was called with (None likewise).
-    num_candidates, epsilon, delta, event, accounting_method, all_scores,
-    noise_multiplier, resumed: as in `TunedResult` (`noise_multiplier` is the
-      calibrated value of `noise_parameter`).
-    score_source: where the score comes from: the caller's contract.
-  """
-
-  hyperparameters: Optional[Mapping[str, Any]]
-  artifact: Any
-  score: float
-  seed: Optional[int]
-  num_candidates: int
-  epsilon: float
-  delta: float
-  event: Any
-  accounting_method: str = "best"
-  all_scores: Optional[tuple] = None
-  score_source: str = planning.FUNCTION_SCORE_SOURCE
-  noise_multiplier: Optional[float] = None
-  resumed: int = 0
+from jaxdp.tuning.results import TunedFunctionResult, TunedResult, Unreleased
 
 
 def prepare(config: Union[TrainConfig, SearchSpace, Callable], search_space: Optional[Mapping[str, Sequence]],
@@ -261,9 +154,9 @@ def draw_searches(space: SearchSpace, repetitions: acc.KDistribution, keys: jax.
       by_k.setdefault(k, []).append(i)
   for k, rows in by_k.items():
     draw = functools.partial(_indices, n=k, size=len(space))
-    picks, seeds = _in_chunks(("indices", k, len(space)), draw, pairs[np.asarray(rows), 1], impl)
+    picks, keys = _in_chunks(("indices", k, len(space)), draw, pairs[np.asarray(rows), 1], impl)
     for row, i in enumerate(rows):
-      out[i] = _candidates(space, picks[row], seeds[row])
+      out[i] = _candidates(space, picks[row], keys[row], impl)
   return out
 
 
@@ -342,18 +235,21 @@ def _threshold_keys(key: jax.Array, max_candidates: Optional[int]):
 
 
 def _indices(key, n: int, size: int) -> tuple:
-  """(grid indices, seeds) of n candidates drawn uniformly with replacement from a grid of `size`."""
-  pick_key, seed_key = jax.random.split(key)
-  return (jax.random.randint(pick_key, (n,), 0, size),
-          jax.random.randint(seed_key, (n,), 0, np.iinfo(np.int32).max))
+  """(grid indices, keys) of n candidates drawn uniformly with replacement from a grid of `size`:
+  each candidate's key is split from `key`, so it carries the search key's every bit."""
+  pick_key, keys_key = jax.random.split(key)
+  return jax.random.randint(pick_key, (n,), 0, size), jax.random.split(keys_key, n)
 
 
-def _candidates(space: SearchSpace, picks, seeds) -> list:
-  return [Candidate(space.points[i], space.configs[i], int(s)) for i, s in zip(picks, seeds)]
+def _candidates(space: SearchSpace, picks, key_data, impl) -> list:
+  return [Candidate(space.points[i], space.configs[i], key_data=tuple(row), key_impl=str(impl))
+          for i, row in zip(picks, np.asarray(key_data))]
 
 
 def _draw_candidates(space: SearchSpace, n: int, key) -> list:
-  return _candidates(space, *(np.asarray(a) for a in _indices(key, n, len(space))))
+  picks, keys = _indices(key, n, len(space))
+  return _candidates(space, np.asarray(picks), np.asarray(jax.random.key_data(keys)),
+                     jax.random.key_impl(key))
 
 
 def _release_scores(cands, results, release_all_scores):
@@ -370,8 +266,9 @@ def random_search(config: Union[TrainConfig, SearchSpace, Callable],
                   repetitions: acc.KDistribution, key: jax.Array,
                   dp_event: Optional[Callable] = None, delta: float = 1e-5,
                   target_epsilon: Optional[float] = None, noise_parameter: Optional[str] = None,
-                  release_all_scores: bool = False, run_dir: Optional[str] = None,
-                  trainer: Optional[Trainer] = None, initial_params: Any = None,
+                  release_all_scores: bool = False, release_num_candidates: bool = False,
+                  run_dir: Optional[str] = None, trainer: Optional[Trainer] = None,
+                  initial_params: Any = None,
                   **engine_kwargs) -> Union[TunedResult, TunedFunctionResult]:
   """Papernot-Steinke private random search, of a jaxdp task or of any DP training function.
 
@@ -416,6 +313,13 @@ def random_search(config: Union[TrainConfig, SearchSpace, Callable],
       of the hyperparameter `train_fn` and `dp_event` read as the noise.
     release_all_scores: also return every candidate's score (warns: not
       covered by the guarantee).
+    release_num_candidates: also release K (`result.num_candidates`), and
+      account for it: the search's event is then
+      `acc.SelectionWithCount(acc.RepeatAndSelect(...))`, which only the
+      methods bounding the K-run transcript cover ("composition", "pld"), at
+      a much larger epsilon (K ~ Poisson(10) over a Gaussian run of
+      mu = 1: 26 instead of 8.7 at delta = 1e-5). Without it K is internal
+      randomness, in `result.unreleased`, not for publication.
     run_dir: None, or a directory that keeps every finished candidate
       (`jaxdp.sweep.CandidateStore`): rerun the same call after a crash and it
       trains only what is missing and releases what an uninterrupted run
@@ -478,11 +382,13 @@ def random_search(config: Union[TrainConfig, SearchSpace, Callable],
                                      delta=delta, target_epsilon=target_epsilon, run_dir=run_dir,
                                      trainer=trainer, initial_params=initial_params,
                                      engine_kwargs=engine_kwargs, dp_event=dp_event,
-                                     noise_parameter=noise_parameter)
+                                     noise_parameter=noise_parameter,
+                                     release_num_candidates=release_num_candidates)
   with CandidateStore(plan, **opened) as store:
     cands = draw_search(plan.space, repetitions, key)
     results = store.train(cands)
-  return _released(plan, store, cands, results, best_index(results), release_all_scores)
+  return _released(plan, store, cands, results, best_index(results), release_all_scores,
+                   bool(store.engine_kwargs.get("progress")))
 
 
 def _opened(config, data, initial_params, run_dir, trainer, engine_kwargs) -> tuple:
@@ -494,20 +400,26 @@ def _opened(config, data, initial_params, run_dir, trainer, engine_kwargs) -> tu
 
 def _random_search_plan(config, search_space, data, *, repetitions, key, delta, target_epsilon,
                         run_dir, trainer, initial_params, engine_kwargs, dp_event,
-                        noise_parameter) -> tuple:
+                        noise_parameter, release_num_candidates) -> tuple:
   """(plan, the `CandidateStore`'s other arguments) of `random_search`'s arguments, every one
   checked once: what the search and its dry run share."""
   repetitions = _args.repetitions(repetitions)
+  with_count = _args.flag("release_num_candidates", release_num_candidates)
+
+  def outer(cand):
+    selection = acc.RepeatAndSelect(cand, repetitions)
+    return acc.SelectionWithCount(selection) if with_count else selection
   key = _validate.prng_key("key", key)
   run_dir, trainer, engine_kwargs = _opened(config, data, initial_params, run_dir, trainer,
                                             engine_kwargs)
   plan = prepare(config, search_space, data, delta=delta, target_epsilon=target_epsilon,
-                 outer=lambda cand: acc.RepeatAndSelect(cand, repetitions),
-                 initial_params=initial_params, dp_event=dp_event, noise_parameter=noise_parameter)
+                 outer=outer, initial_params=initial_params, dp_event=dp_event,
+                 noise_parameter=noise_parameter)
   if trainer is None and isinstance(plan, SearchPlan):  # another backend lays out its own
     engine.check_layout(plan, engine_kwargs.get("devices"))
   fingerprint = plan.search_fields("random_search", key, repetitions=repetitions,
                                    delta=plan.delta, target_epsilon=target_epsilon,
+                                   **({"release_num_candidates": True} if with_count else {}),
                                    **_function_fields(plan))
   return plan, dict(run_dir=run_dir, fingerprint=fingerprint, trainer=trainer,
                     engine_kwargs=engine_kwargs)
@@ -519,40 +431,49 @@ def _function_fields(plan) -> dict:
 
 
 def _released(plan, store: CandidateStore, cands: list, results: list,
-              chosen: Optional[int], release_all_scores: bool):
-  """What a search releases: candidate `chosen` (None: nothing) of the `cands` it trained."""
+              chosen: Optional[int], release_all_scores: bool, progress: bool):
+  """What a search releases: candidate `chosen` (None: nothing) of the `cands` it trained, and
+  apart from it (`Unreleased`) what its epsilon does not cover."""
   some = chosen is not None
-  if store.engine_kwargs.get("progress"):
-    report_resumes(store, len({c.id for c in cands}))
+  if progress:
+    report_resumes(store)
+  # K is released only where the accounted event says so.
+  counted = len(cands) if isinstance(plan.event, acc.SelectionWithCount) else None
   common = dict(score=float(results[chosen].score) if some else float("nan"),
-                num_candidates=len(cands), epsilon=plan.epsilon, delta=plan.delta,
-                event=plan.event, all_scores=_release_scores(cands, results, release_all_scores),
-                noise_multiplier=plan.noise_multiplier, resumed=store.resumed)
+                epsilon=plan.epsilon, delta=plan.delta, event=plan.event,
+                noise_multiplier=plan.noise_multiplier, num_candidates=counted)
+  unreleased = dict(num_candidates=len(cands), resumed=store.resumed,
+                    all_scores=_release_scores(cands, results, release_all_scores))
   if isinstance(plan, FunctionPlan):
     return TunedFunctionResult(
         hyperparameters=copy.deepcopy(dict(cands[chosen].config.hparams)) if some else None,
         artifact=results[chosen].artifact if some else None,
-        seed=results[chosen].seed if some else None, **common)
+        score_source=planning.FUNCTION_SCORE_SOURCE,
+        unreleased=Unreleased(seed=results[chosen].seed if some else None, **unreleased), **common)
   return TunedResult(
       hyperparameters=dict(cands[chosen].point) if some else None,
       config=cands[chosen].config if some else None,
       params=results[chosen].params if some else None,
       score_source=(score_source(cands[chosen].config.task) if some
                     else planning.plan_score_source(plan)),
-      auto_static=planning.auto_static(plan), resumed_steps=dict(store.resumed_steps), **common)
+      unreleased=Unreleased(auto_static=planning.auto_static(plan),
+                            resumed_steps=dict(store.resumed_steps), **unreleased), **common)
 
 
-def report_resumes(store: CandidateStore, distinct: int) -> None:
-  """The progress line of a durable search: what it read back and what it resumed mid-way."""
-  if store.pool is None:
+def report_resumes(store: CandidateStore) -> None:
+  """The progress line of a durable search: whether it read candidates back from `run_dir`.
+
+  It names no count and no candidate: how many candidates a search trains is K (or, for
+  `threshold_search`, a number the data decide) and ids hash the candidates' keys, neither
+  covered by epsilon.
+  """
+  if store.pool is None or not (store.resumed or store.resumed_steps):
     return
-  mid = ""
-  if store.resumed_steps:
-    steps = ", ".join(f"{cid} at step {step}" for cid, step in sorted(store.resumed_steps.items()))
-    mid = f", of which {len(store.resumed_steps)} resumed from a checkpoint ({steps})"
-  tqdm.write(f"{store.pool.run_dir}: resumed {store.resumed} of the {distinct} distinct candidate(s) "
-             f"(read back from an earlier run), trained {distinct - store.resumed} now{mid}",
-             file=sys.stderr)
+  what = [part for part, held in (("read back candidates it had stored", store.resumed),
+                                  ("continued candidates from their checkpoints",
+                                   store.resumed_steps)) if held]
+  tqdm.write(f"{store.pool.run_dir}: resumed an earlier run of this search ({' and '.join(what)}"
+             "; the rest trained now)", file=sys.stderr)
 
 
 def dry_run(config: Union[TrainConfig, SearchSpace, Callable],
@@ -560,9 +481,9 @@ def dry_run(config: Union[TrainConfig, SearchSpace, Callable],
             repetitions: acc.KDistribution, key: Optional[jax.Array] = None,
             dp_event: Optional[Callable] = None, delta: float = 1e-5,
             target_epsilon: Optional[float] = None, noise_parameter: Optional[str] = None,
-            release_all_scores: bool = False, run_dir: Optional[str] = None,
-            trainer: Optional[Trainer] = None, initial_params: Any = None,
-            **engine_kwargs) -> planning.DryRun:
+            release_all_scores: bool = False, release_num_candidates: bool = False,
+            run_dir: Optional[str] = None, trainer: Optional[Trainer] = None,
+            initial_params: Any = None, **engine_kwargs) -> planning.DryRun:
   """What `random_search` with these arguments would do, without training anything.
 
   Takes every argument `random_search` takes (`key` may be left out: the
@@ -583,7 +504,8 @@ def dry_run(config: Union[TrainConfig, SearchSpace, Callable],
       config, search_space, data, repetitions=repetitions,
       key=jax.random.key(0) if key is None else key, delta=delta, target_epsilon=target_epsilon,
       run_dir=run_dir, trainer=trainer, initial_params=initial_params, engine_kwargs=engine_kwargs,
-      dp_event=dp_event, noise_parameter=noise_parameter)
+      dp_event=dp_event, noise_parameter=noise_parameter,
+      release_num_candidates=release_num_candidates)
   if opened["run_dir"] is not None:  # what the search would refuse there (read only)
     check_run_dir(plan, opened["run_dir"], opened["fingerprint"])
   return planning.dry_run_report(plan, repetitions)
@@ -642,15 +564,21 @@ def threshold_search(config: Union[TrainConfig, SearchSpace, Callable],
                                    delta=plan.delta, target_epsilon=target_epsilon,
                                    **_function_fields(plan))
   cands, results, chosen = [], [], None
+  # How many candidates it tries is for the data to decide: one bar for the whole search, which
+  # shows the time only (a bar per candidate would count them).
+  progress = bool(engine_kwargs.pop("progress", False))
   with CandidateStore(plan, run_dir=run_dir, fingerprint=fingerprint, trainer=trainer,
-                      engine_kwargs=engine_kwargs) as store:
+                      engine_kwargs=engine_kwargs) as store, \
+      tqdm(total=None, disable=not progress, desc="threshold_search",
+           bar_format="{desc}: training [{elapsed}]") as bar:
     for draw_key, stop_key in _threshold_keys(key, max_candidates):
       cands.append(_draw_candidates(plan.space, 1, draw_key)[0])
       results.append(store.train(cands[-1:])[0])  # a stored candidate is read back, not trained
+      bar.refresh()
       # Non-finite counts as the worst (best_index): it never reaches the threshold.
       if math.isfinite(results[-1].score) and results[-1].score >= threshold:
         chosen = len(cands) - 1
         break
       if _stops(stop_key, stop_prob):
         break
-  return _released(plan, store, cands, results, chosen, release_all_scores)
+  return _released(plan, store, cands, results, chosen, release_all_scores, progress)

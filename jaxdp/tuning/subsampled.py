@@ -32,7 +32,7 @@ the final run are accounted as `acc.UniformCandidates` over the grid's events
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, ClassVar, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -50,15 +50,18 @@ from jaxdp.train.trainer import run_planned
 from jaxdp.tuning import _args
 from jaxdp.tuning import planning
 from jaxdp.tuning import search as search_lib
+from jaxdp.tuning.results import ReleaseBoundary, Unreleased
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class SubsampledResult:
-  """What `subsampled_search` returns.
+class SubsampledResult(ReleaseBoundary):
+  """What `subsampled_search` releases, and apart from it what it does not.
 
-  Released (covered by `epsilon`): `params`, `final_config`,
-  `hyperparameters`, `score`, `tuned_hyperparameters`, `tuned_score`. Not to be published: `subset_mask` (which examples were in
-  X1; returned so callers can audit the split).
+  Released (covered by `epsilon`): every field but `unreleased`. Not to be
+  published: `unreleased` (`jaxdp.tuning.results.Unreleased`): K
+  (`num_candidates`), `resumed`, `resumed_steps`, `subset_mask` (who is in
+  X1; returned so callers can audit the split), `gradient_evaluations` (a
+  function of K) and the `compute_ratio` it gives.
 
   Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
   differ by adding or removing one training example, as `event` accounts. The
@@ -68,14 +71,15 @@ class SubsampledResult:
   variant 1, N for variant 2) are the normalisers of the runs on X1 and of
   the final run, and the SGD learning-rate factor n / m is visible in
   `final_config`: N, m and n are public and revealed exactly (variant 1:
-  N = m + n; variant 2: N = n). Candidates must give `sampling_prob` (not an expected
-  `batch_size`, whose q = b / N would not be the rate of a run on X1). `num_candidates` is K, drawn from the public `repetitions` law
-  with the caller's key, independent of the data. Scores (`tuned_score`,
-  `score`) are the task's public score on `data.test`, which is treated
-  as public and not accounted (DP scores on private validation data are not
-  supported here: KK's amplification covers the subsampled training set only). Of the K candidates only the selected one's
-  hyperparameters and score are covered; the others are never returned.
-  The key must stay secret (it regenerates the subset and the noise).
+  N = m + n; variant 2: N = n). Candidates must give `sampling_prob` (not an
+  expected `batch_size`, whose q = b / N would not be the rate of a run on
+  X1). Scores (`tuned_score`, `score`) are the task's public score on
+  `data.test`, which is treated as public and not accounted (DP scores on
+  private validation data are not supported here: KK's amplification covers
+  the subsampled training set only). Of the K candidates only the selected
+  one's hyperparameters and score are covered; the others are never
+  returned. The key must stay secret (it regenerates the subset and the
+  noise).
 
   Attributes:
     params: the final model's parameters.
@@ -91,14 +95,10 @@ class SubsampledResult:
       subset (NaN if nothing was released).
     score: the released (final) model's public test score (NaN if it
       diverged).
-    num_candidates: K, candidates trained on X1.
-    resumed: how many of the K candidates and the final run were read back
-      from `run_dir` instead of trained now (0 without `run_dir`).
-    resumed_steps: candidate id -> the step its training resumed at (a
-      checkpoint's segment stop), as in `TunedResult.resumed_steps`.
     subset_size: m = round(q N), the declared size of X1 (public; X1's actual
-      size is `subset_mask.sum()`, private, and may be 0: the candidates then
-      train on noise only, as does the final run on an empty final set).
+      size is `unreleased.subset_mask.sum()`, private, and may be 0: the
+      candidates then train on noise only, as does the final run on an empty
+      final set).
     final_train_size: n, the declared size of the final training set
       (N - m for variant 1, N for variant 2).
     variant: 1 or 2.
@@ -106,24 +106,17 @@ class SubsampledResult:
     epsilon: epsilon of the whole procedure at `delta`.
     delta: target delta.
     event: the accounted `acc.SubsampledTuning`.
-    gradient_evaluations: sum over every training run (the K tuning runs and
-      the final one) of planned steps x expected batch (gamma x declared
-      training set size).
-    baseline_gradient_evaluations: expected cost of Papernot-Steinke on all
-      of X: E[K] x (mean over the grid of steps x gamma) x |X|.
-    subset_mask: boolean mask over `data.train` of X1 (private; see above).
+    accounting_method: the method that gave `epsilon`.
+    unreleased: see above.
   """
 
-  params: Any
+  params: Any = dataclasses.field(repr=False)
   final_config: TrainConfig
   tuned_hyperparameters: Optional[Mapping[str, Any]]
   hyperparameters: Mapping[str, Any]
   learning_rate_factor: float
   tuned_score: float
   score: float
-  num_candidates: int
-  resumed: int
-  resumed_steps: Mapping[str, int]
   subset_size: int
   final_train_size: int
   variant: int
@@ -131,14 +124,14 @@ class SubsampledResult:
   epsilon: float
   delta: float
   event: Any
-  gradient_evaluations: float
-  baseline_gradient_evaluations: float
-  subset_mask: np.ndarray = dataclasses.field(repr=False, default=None)
+  accounting_method: str = "best"
+  unreleased: Optional[Unreleased] = dataclasses.field(default=None, repr=False, compare=False)
 
-  @property
-  def compute_ratio(self) -> float:
-    """Baseline gradient evaluations divided by those spent here."""
-    return self.baseline_gradient_evaluations / self.gradient_evaluations
+  MODEL: ClassVar[str] = "params"
+  JSON_FIELDS: ClassVar[tuple] = ("final_config", "tuned_hyperparameters", "hyperparameters",
+                                  "learning_rate_factor", "tuned_score", "score", "subset_size",
+                                  "final_train_size", "variant", "q", "epsilon", "delta",
+                                  "accounting_method")
 
 
 def _check_variant(variant) -> int:
@@ -251,7 +244,7 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
   Example:
     res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data, q=0.2,
                             variant=1, repetitions=acc.Poisson(5), key=jax.random.key(0))
-    res.epsilon, res.score, res.compute_ratio
+    res.epsilon, res.score, res.unreleased.compute_ratio  # the last not for publication
   """
   # Every argument is checked before the subset is drawn, K is drawn or
   # anything trains, so whether the call fails never depends on the draws.
@@ -284,7 +277,7 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Opt
     _check_final_event(args, final_run)
     final = store.train_lone("final", final_run, lambda: run_planned(final_run, final_data, final_key))
     if args.engine_kwargs.get("progress"):
-      search_lib.report_resumes(store, len({c.id for c in cands}) + 1)
+      search_lib.report_resumes(store)
   return _result(args, cands, results, best, final_config, factor, final, mask, store)
 
 
@@ -299,11 +292,12 @@ def _result(args, cands, results, best, final_config, factor, final, mask,
       tuned_hyperparameters=chosen_point if released else None,
       hyperparameters={name: final_config.value(name) for name in chosen_point},
       learning_rate_factor=factor, tuned_score=float(results[best].score) if released else float("nan"),
-      score=float(final.test_score), num_candidates=len(cands), resumed=store.resumed,
-      resumed_steps=dict(store.resumed_steps), subset_size=args.m,
-      final_train_size=args.n, variant=args.variant, q=args.q, epsilon=args.epsilon,
-      delta=args.delta, event=args.event, gradient_evaluations=spent,
-      baseline_gradient_evaluations=args.repetitions.mean * mean_cost, subset_mask=mask)
+      score=float(final.test_score), subset_size=args.m, final_train_size=args.n,
+      variant=args.variant, q=args.q, epsilon=args.epsilon, delta=args.delta, event=args.event,
+      unreleased=Unreleased(num_candidates=len(cands), resumed=store.resumed,
+                            resumed_steps=dict(store.resumed_steps), subset_mask=mask,
+                            gradient_evaluations=spent,
+                            baseline_gradient_evaluations=args.repetitions.mean * mean_cost))
 
 
 class _Checked(NamedTuple):

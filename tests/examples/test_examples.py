@@ -46,7 +46,7 @@ def test_opacus_search_resumes_and_accounts_what_opacus_ran(tmp_path):
   args = dict(repetitions=acc.Poisson(mean=3), key=jax.random.key(0), dp_event=opacus_search.dp_event,
               target_epsilon=3.0, noise_parameter="noise_multiplier", run_dir=str(tmp_path))
   first = random_search(counted, opacus_search.GRID, **args)
-  assert len(calls) == first.num_candidates >= 1 and first.epsilon <= 3.0
+  assert len(calls) == first.unreleased.num_candidates >= 1 and first.epsilon <= 3.0
   assert first.epsilon == acc.epsilon(acc.RepeatAndSelect(acc.UniformCandidates(
       [acc.dpsgd_event(1 / 8, first.noise_multiplier, 40), acc.dpsgd_event(1 / 4, first.noise_multiplier, 20)]),
       acc.Poisson(mean=3)), 1e-5)
@@ -73,7 +73,9 @@ def test_readme_tune_any_trainer_snippet_runs_and_prints_what_the_readme_quotes(
   result = scope["result"]
   assert result.hyperparameters == pytest.approx(quoted["hyperparameters"], rel=2e-3)
   assert result.epsilon == pytest.approx(quoted["epsilon"], rel=2e-3) and result.epsilon <= 2.0
-  assert result.num_candidates == quoted["num_candidates"]
+  # K is not in the printed release: the README names it in the text ("K (8 here)").
+  assert f"K ({result.unreleased.num_candidates} here)" in " ".join(section.split())
+  assert "num_candidates" not in quoted and "seed" not in quoted
   assert abs(result.score - quoted["score"]) <= 1 / 169 + 1e-4
   single = acc.epsilon(acc.dpsgd_event(0.1, result.noise_multiplier, 200), 1e-5)
   assert f"({single:.2f}, 1e-5)-DP" in section

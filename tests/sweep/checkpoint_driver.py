@@ -104,9 +104,9 @@ def main(argv=None) -> int:
   leaves = [np.asarray(x) for x in jax.tree.leaves(result.params)]
   print(json.dumps({
       "hyperparameters": result.hyperparameters, "score": result.score, "epsilon": result.epsilon,
-      "num_candidates": result.num_candidates, "ids": [c.id for c in cands],
+      "num_candidates": result.unreleased.num_candidates, "ids": [c.id for c in cands],
       "params_sha256": hashlib.sha256(b"".join(x.tobytes() for x in leaves)).hexdigest(),
-      "resumed": result.resumed, "resumed_steps": result.resumed_steps, "trained_steps": trained,
+      "resumed": result.unreleased.resumed, "resumed_steps": result.unreleased.resumed_steps, "trained_steps": trained,
   }))
   return 0
 

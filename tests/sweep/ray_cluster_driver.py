@@ -26,7 +26,7 @@ sleep first, which leaves the test time to kill something mid-search.
 Prints one JSON line last on stdout: the release (hyperparameters, score,
 epsilon, num_candidates, sha256 of the released parameters' bytes, dtypes and
 shapes), `resumed_steps` (candidate id -> the step a retried task resumed it
-from: `TunedResult.resumed_steps`) and `nodes` (node id -> custom resources,
+from: `TunedResult.unreleased.resumed_steps`) and `nodes` (node id -> custom resources,
 as `ray.nodes()` sees them after the search). `--params-out` saves the
 released parameters' leaves. Its stderr holds the backend's `jaxdp:` lines.
 """
@@ -121,10 +121,10 @@ def main(argv=None) -> int:
   ray.shutdown()
   print(json.dumps({
       "hyperparameters": result.hyperparameters, "score": result.score, "epsilon": result.epsilon,
-      "num_candidates": result.num_candidates,
+      "num_candidates": result.unreleased.num_candidates,
       "params_sha256": hashlib.sha256(b"".join(x.tobytes() for x in leaves)).hexdigest(),
       "params_layout": [[str(x.dtype), list(x.shape)] for x in leaves],
-      "resumed_steps": dict(result.resumed_steps), "nodes": nodes,
+      "resumed_steps": dict(result.unreleased.resumed_steps), "nodes": nodes,
   }))
   return 0
 

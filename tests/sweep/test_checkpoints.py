@@ -75,7 +75,7 @@ def search(config, digits, devices, **kw):
 
 
 def assert_same_release(a, b):
-  assert a.hyperparameters == b.hyperparameters and a.num_candidates == b.num_candidates
+  assert a.hyperparameters == b.hyperparameters and a.unreleased.num_candidates == b.unreleased.num_candidates
   assert a.score == b.score and a.epsilon == b.epsilon and a.event == b.event
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -138,12 +138,12 @@ def test_a_run_killed_after_checkpoints_resumes_mid_candidate_to_the_same_releas
   assert not os.path.exists(os.path.join(run_dir, "results.jsonl"))  # killed mid-candidate
   resumed = search(config, digits, two_devices, run_dir=run_dir)
   assert_same_release(resumed, uninterrupted)
-  assert resumed.resumed == 0  # nothing was stored: every candidate trained (on) now
-  assert resumed.resumed_steps == {cid: max(s) for cid, s in held.items()}
+  assert resumed.unreleased.resumed == 0  # nothing was stored: every candidate trained (on) now
+  assert resumed.unreleased.resumed_steps == {cid: max(s) for cid, s in held.items()}
   # Finished candidates keep no checkpoint: an unreleased state is as secret as the data.
   assert held_steps(run_dir) == {}
   records = [json.loads(line) for line in open(os.path.join(run_dir, "results.jsonl"))]
-  assert {r["id"]: r["resumed_step"] for r in records if r["resumed_step"]} == resumed.resumed_steps
+  assert {r["id"]: r["resumed_step"] for r in records if r["resumed_step"]} == resumed.unreleased.resumed_steps
 
 
 @pytest.mark.filterwarnings("ignore:release_all_scores")
@@ -165,9 +165,9 @@ def test_a_partly_frozen_model_resumes_with_its_public_start(base_config, digits
   with pytest.raises(Crash):
     search(config, digits, two_devices, run_dir=run_dir, **kw)
   resumed = search(config, digits, two_devices, run_dir=run_dir, **kw)
-  assert resumed.resumed_steps
+  assert resumed.unreleased.resumed_steps
   assert_same_release(resumed, reference)
-  assert resumed.all_scores == reference.all_scores
+  assert resumed.unreleased.all_scores == reference.unreleased.all_scores
   np.testing.assert_array_equal(resumed.params["params"]["Dense_0"]["kernel"],
                                 start["params"]["Dense_0"]["kernel"])
 
@@ -188,7 +188,7 @@ def test_two_kills_then_a_changed_cadence_still_release_the_uninterrupted_run(
   resumed = search(long_config(base_config, every=10), digits, two_devices, run_dir=run_dir,
                    progress=True)
   assert_same_release(resumed, uninterrupted)
-  assert resumed.resumed_steps == {cid: max(s) for cid, s in second.items()}
+  assert resumed.unreleased.resumed_steps == {cid: max(s) for cid, s in second.items()}
   err = capsys.readouterr().err
   assert f"of which {len(second)} resumed from a checkpoint" in err
   for cid, steps in second.items():
@@ -211,7 +211,7 @@ def test_vmapped_and_data_parallel_candidates_resume_to_their_uninterrupted_bits
   assert held and not os.path.exists(os.path.join(run_dir, "results.jsonl"))
   resumed = search(config, digits, two_devices, run_dir=run_dir, **kw)
   assert_same_release(resumed, reference)
-  assert resumed.resumed_steps == {cid: max(s) for cid, s in held.items()}
+  assert resumed.unreleased.resumed_steps == {cid: max(s) for cid, s in held.items()}
 
 
 @pytest.mark.slow  # a subset's programs compiled: about 8 s
@@ -228,7 +228,7 @@ def test_a_subsampled_search_resumes_its_candidates_mid_way(base_config, digits,
   held = {cid: max(s) for cid, s in held_steps(run_dir).items()}
   assert held
   resumed = subsampled_search(config, GRID, digits, run_dir=run_dir, **kwargs)
-  assert resumed.resumed_steps == held
+  assert resumed.unreleased.resumed_steps == held
   assert resumed.tuned_hyperparameters == whole.tuned_hyperparameters
   assert resumed.score == whole.score and resumed.epsilon == whole.epsilon
   for x, y in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params), strict=True):
@@ -272,9 +272,11 @@ def test_a_damaged_checkpoint_is_quarantined_and_the_previous_one_resumes(
     warnings.simplefilter("always")
     resumed = search(config, digits, two_devices, run_dir=run_dir)
   assert_same_release(resumed, uninterrupted)
-  assert resumed.resumed_steps[cid] == previous
+  assert resumed.unreleased.resumed_steps[cid] == previous
   quarantined = os.path.join(run_dir, checkpoints.DIRNAME, checkpoints.QUARANTINE, cid)
-  assert any(f"moved to {quarantined}" in str(w.message) for w in caught)
+  # The warning says where, not which: the candidate's id (it hashes the key) is not in it.
+  assert any(f"moved to {os.path.dirname(quarantined)}" in str(w.message) for w in caught)
+  assert not any(cid in str(w.message) for w in caught)
   # Stored: its checkpoints, the quarantined one included, are gone (secret, never needed again).
   assert not os.path.exists(quarantined) and held_steps(run_dir) == {}
 
@@ -327,7 +329,7 @@ def test_a_foreign_or_broken_candidate_directory_is_never_resumed(base_config, d
     f.write("not a checkpoint")
   with pytest.warns(UserWarning, match="it is not a directory"):
     resumed = search(config, digits, two_devices, run_dir=run_dir)
-  assert resumed.resumed_steps == {first: EVERY}
+  assert resumed.unreleased.resumed_steps == {first: EVERY}
 
 
 @pytest.mark.slow  # suite budget
@@ -349,7 +351,7 @@ def test_a_diverged_candidate_resumes_at_its_segment_stop_not_at_its_own_step(
   assert held_steps(run_dir) and all(
       s % EVERY == 0 for steps in held_steps(run_dir).values() for s in steps)
   resumed = random_search(config, grid, digits, run_dir=run_dir, **kw)
-  assert resumed.resumed_steps and set(resumed.resumed_steps.values()) == {2 * EVERY}
+  assert resumed.unreleased.resumed_steps and set(resumed.unreleased.resumed_steps.values()) == {2 * EVERY}
   assert resumed.hyperparameters == reference.hyperparameters is None  # diverged: no release
   record = json.loads(open(os.path.join(run_dir, "results.jsonl")).readline())
   assert record["diverged"] and record["steps"] < EVERY and record["resumed_step"] == 2 * EVERY

@@ -157,8 +157,8 @@ def test_repeated_candidate_is_kept_once(tmp_path):
   with pytest.warns(UserWarning) as caught:
     pool = ResultPool(tmp_path, FP)
   assert [str(w.message).split("results.jsonl, ")[1].split(";")[0] for w in caught] == [
-      "line 13: repeated record: it repeats candidate c00 first stored at line 1, which is kept",
-      "line 14: repeated record: it repeats candidate c05 first stored at line 6, which is kept"]
+      "line 13: repeated record: it repeats the candidate first stored at line 1, which is kept",
+      "line 14: repeated record: it repeats the candidate first stored at line 6, which is kept"]
   with pytest.raises(ValueError, match="already in the pool"):
     pool.append([{"id": "c03", "score": 0.0}])
   pool.close()

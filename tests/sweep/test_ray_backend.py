@@ -74,8 +74,8 @@ def test_a_training_function_runs_on_ray_with_the_local_release(local_ray, tmp_p
                            trainer=functools.partial(train_candidates_ray, chunk_size=2), **args)
   finally:
     cloudpickle.unregister_pickle_by_value(ex)
-  assert (remote.hyperparameters, remote.seed, remote.num_candidates, remote.epsilon) == \
-      (local.hyperparameters, local.seed, local.num_candidates, local.epsilon)
+  assert (remote.hyperparameters, remote.unreleased.seed, remote.unreleased.num_candidates, remote.epsilon) == \
+      (local.hyperparameters, local.unreleased.seed, local.unreleased.num_candidates, local.epsilon)
   # Another process on this machine: the same NumPy kernels, so the same bits but for round-off
   # a BLAS thread split could change (a tolerance, not exactness, across processes).
   assert remote.score == pytest.approx(local.score, abs=1e-12)

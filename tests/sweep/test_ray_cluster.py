@@ -329,7 +329,7 @@ def _complete_steps(run_dir: str, candidate_id: str) -> list:
 def assert_same_release(release: dict, params_file: str, local, digits) -> None:
   """What the cluster released is what the local, uninterrupted search releases."""
   assert release["hyperparameters"] == local.hyperparameters
-  assert release["num_candidates"] == local.num_candidates
+  assert release["num_candidates"] == local.unreleased.num_candidates
   assert release["epsilon"] == local.epsilon  # the same float64 accounting, on this machine
   # Test accuracy: at most one test image may flip (see the module docstring).
   one_image = 1 / digits.test.labels.shape[0]

@@ -65,7 +65,7 @@ def test_the_search_and_its_dry_run_say_what_became_static_and_compile_once_per_
   assert "static automatically: 'lr' (the optimizer factory needs a concrete value" in str(plan)
   result = random_search(config, grid, digits, repetitions=acc.Fixed(2), key=jax.random.key(0),
                          devices=two_devices)
-  assert set(result.auto_static) == {"lr"} and result.hyperparameters["lr"] in grid["lr"]
+  assert set(result.unreleased.auto_static) == {"lr"} and result.hyperparameters["lr"] in grid["lr"]
 
 
 def test_a_declared_static_name_and_other_failures_are_left_alone(digits):

@@ -53,7 +53,7 @@ def refusing(candidates, data, **kwargs):
 
 
 def assert_same_release(a, b):
-  assert a.hyperparameters == b.hyperparameters and a.num_candidates == b.num_candidates
+  assert a.hyperparameters == b.hyperparameters and a.unreleased.num_candidates == b.unreleased.num_candidates
   np.testing.assert_equal(a.score, b.score)  # NaN (nothing released) equals NaN here
   assert a.epsilon == b.epsilon and a.event == b.event
   assert (a.params is None) == (b.params is None)
@@ -76,7 +76,7 @@ def uninterrupted(digits, base_config, two_devices):
 
 def test_a_crashed_random_search_resumes_to_the_uninterrupted_release(uninterrupted, digits, base_config,
                                                                      two_devices, tmp_path):
-  assert uninterrupted.num_candidates >= 3
+  assert uninterrupted.unreleased.num_candidates >= 3
   first = []
   with pytest.raises(Crash):
     _search(base_config, digits, two_devices, run_dir=tmp_path, trainer=crash_after(2, first))
@@ -142,7 +142,7 @@ def test_a_damaged_parameter_file_or_record_costs_only_its_candidates(uninterrup
   retrained = []
   with pytest.warns(UserWarning, match="quarantine"):
     again = _search(base_config, digits, two_devices, run_dir=tmp_path, trainer=counting(retrained))
-  assert 1 <= len(retrained) < uninterrupted.num_candidates  # the rest was read back
+  assert 1 <= len(retrained) < uninterrupted.unreleased.num_candidates  # the rest was read back
   assert_same_release(again, uninterrupted)
   assert (tmp_path / "results.jsonl.quarantine").stat().st_size > 0
 
@@ -171,7 +171,7 @@ def test_bad_run_dir_or_trainer(bad, match, digits, base_config, two_devices, no
 def test_threshold_search_resumes_at_its_candidate_index(digits, base_config, two_devices, tmp_path):
   kwargs = dict(threshold=0.99, stop_prob=0.2, max_candidates=4, key=jax.random.key(3), devices=two_devices)
   whole = threshold_search(base_config, GRID, digits, **kwargs)
-  assert whole.num_candidates >= 3
+  assert whole.unreleased.num_candidates >= 3
   first = []
   with pytest.raises(Crash):
     threshold_search(base_config, GRID, digits, run_dir=tmp_path, trainer=crash_after(2, first), **kwargs)
@@ -197,7 +197,7 @@ def test_subsampled_search_resumes_and_keeps_its_final_model(digits, base_config
   assert again.tuned_hyperparameters == whole.tuned_hyperparameters
   assert again.score == whole.score and again.epsilon == whole.epsilon
   # Every distinct tuning candidate and the final run were read back; the first run read none.
-  assert durable_run.resumed == 0 and again.resumed >= 2 and whole.resumed == 0
+  assert durable_run.unreleased.resumed == 0 and again.unreleased.resumed >= 2 and whole.unreleased.resumed == 0
   for x, y in zip(jax.tree.leaves(whole.params), jax.tree.leaves(again.params)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
@@ -217,7 +217,7 @@ def test_audit_search_resumes_without_training_again(tmp_path):
 def test_a_trainer_without_run_dir_is_the_backend(digits, base_config, two_devices, uninterrupted):
   seen = []
   res = _search(base_config, digits, two_devices, trainer=counting(seen))
-  assert len(seen) == uninterrupted.num_candidates
+  assert len(seen) == uninterrupted.unreleased.num_candidates
   assert_same_release(res, uninterrupted)
 
 

@@ -58,7 +58,7 @@ def test_a_durable_search_checks_its_data_and_initial_params_once(user_config, u
   counted.update(dict.fromkeys(counted, 0))
   result = random_search(user_config, GRID, user_data, repetitions=REPS, key=jax.random.key(3),
                          run_dir=str(tmp_path), initial_params=start, devices=two_devices)
-  assert result.num_candidates >= 1
+  assert result.unreleased.num_candidates >= 1
   # Data once (one task), each of the 2 programs once, the public start once per model,
   # one spec per configuration: nothing below the plan derives or checks again.
   assert counted == {"check_data": 1, "check_program": 2, "check_initial_params": 2,
@@ -135,14 +135,14 @@ def test_every_tuner_reports_what_a_resume_did(user_config, user_data, tmp_path,
                 trainer=counting, devices=two_devices)
   first = random_search(user_config, GRID, user_data, **kwargs)
   distinct = calls[0]
-  assert first.resumed == 0 and distinct >= 2
+  assert first.unreleased.resumed == 0 and distinct >= 2
   again = random_search(user_config, GRID, user_data, progress=True, **kwargs)
-  assert calls == [distinct] and again.resumed == distinct
+  assert calls == [distinct] and again.unreleased.resumed == distinct
   assert again.hyperparameters == first.hyperparameters and again.score == first.score
   assert f"resumed {distinct} of the {distinct} distinct candidate(s)" in capsys.readouterr().err
   fresh = random_search(user_config, GRID, user_data, repetitions=acc.Fixed(4), key=jax.random.key(5),
                         devices=two_devices)
-  assert fresh.resumed == 0 and fresh.score == first.score
+  assert fresh.unreleased.resumed == 0 and fresh.score == first.score
   # Liu-Talwar trains one candidate per call of the store; a rerun reads each back.
   calls.clear()
   threshold = dict(threshold=2.0, stop_prob=0.3, key=jax.random.key(1), devices=two_devices,
@@ -150,8 +150,8 @@ def test_every_tuner_reports_what_a_resume_did(user_config, user_data, tmp_path,
   one = threshold_search(user_config, GRID, user_data, **threshold)
   trained = len(calls)  # distinct candidates (a repeated draw is read back, not trained)
   two = threshold_search(user_config, GRID, user_data, **threshold)
-  assert len(calls) == trained >= 1 and one.resumed == 0 and two.resumed == trained
-  assert two.num_candidates == one.num_candidates >= trained
+  assert len(calls) == trained >= 1 and one.unreleased.resumed == 0 and two.unreleased.resumed == trained
+  assert two.unreleased.num_candidates == one.unreleased.num_candidates >= trained
 
 
 # --- What an adversarial review of the plan found (each failed before its fix) -------------------
@@ -323,4 +323,4 @@ def test_a_new_search_may_start_in_an_existing_empty_run_dir(user_config, user_d
   res = subsampled_search(_sgd_config(user_config), {"learning_rate": [0.03]}, user_data, q=0.5,
                           variant=1, repetitions=acc.Fixed(1), key=jax.random.key(0),
                           run_dir=str(tmp_path), trainer=_fake_trainer([]), devices=two_devices)
-  assert res.resumed == 0 and os.path.exists(tmp_path / "manifest.json")
+  assert res.unreleased.resumed == 0 and os.path.exists(tmp_path / "manifest.json")

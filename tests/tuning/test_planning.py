@@ -68,7 +68,7 @@ def test_random_search_accounts_uniform_candidates_with_no_candidate_trained(use
   # K = 0 for this key (nothing trains), yet the event is the grid's.
   grid = {"noise_multiplier": [0.8, 2.0], **LR}
   res = random_search(user_config, grid, user_data, repetitions=acc.Poisson(mean=1e-9), key=jax.random.key(0))
-  assert res.num_candidates == 0 and res.hyperparameters is None
+  assert res.unreleased.num_candidates == 0 and res.hyperparameters is None
   assert res.event.base == acc.UniformCandidates([user_config.replace(noise_multiplier=s).dp_event(USER_N)
                                                   for s in (0.8, 2.0)])
   assert res.score_source == PUBLIC
@@ -123,7 +123,7 @@ def test_random_search_with_a_dp_score(dp_config, user_config, user_data, two_de
   reps = acc.Poisson(mean=2)
   res = random_search(dp_config, LR, user_data, repetitions=reps, key=jax.random.key(4),
                       devices=two_devices, max_candidates_per_device=1)
-  assert res.num_candidates >= 1 and res.hyperparameters is not None
+  assert res.unreleased.num_candidates >= 1 and res.hyperparameters is not None
   assert res.score_source == PRIVATE
   assert 0.3 < res.score < 1.2  # an accuracy plus Gaussian noise of std 2 * 0.5 / 100
   # The search's event: each candidate is its training composed with exactly one score event.
@@ -218,7 +218,7 @@ def test_random_search_meets_the_target(calibrated_plan, user_config, user_data,
   assert res.noise_multiplier == calibrated_plan.noise_multiplier
   assert acc.epsilon(res.event, DELTA, "best") <= TARGET
   assert res.epsilon == calibrated_plan.epsilon and res.event == calibrated_plan.event
-  assert res.num_candidates >= 1 and res.config.noise_multiplier == res.noise_multiplier
+  assert res.unreleased.num_candidates >= 1 and res.config.noise_multiplier == res.noise_multiplier
 
 
 def test_threshold_search_meets_the_target(user_config, user_data, two_devices):
@@ -228,7 +228,7 @@ def test_threshold_search_meets_the_target(user_config, user_data, two_devices):
   sigma = res.noise_multiplier
   assert res.event == acc.ThresholdSelect(user_config.replace(noise_multiplier=sigma).dp_event(USER_N), 0.5)
   assert 0.99 * TARGET <= res.epsilon == acc.epsilon(res.event, DELTA, "best") <= TARGET
-  assert res.num_candidates == 1 and res.config.noise_multiplier == sigma
+  assert res.unreleased.num_candidates == 1 and res.config.noise_multiplier == sigma
 
 
 # --- dry_run: what a search would do, without training. ---

@@ -16,8 +16,8 @@ GRID = {"learning_rate": [0.3, 1.0, 3.0]}  # = tests/conftest.py SEARCH_GRID
 def test_random_search_releases_only_the_selected_candidate(tiny_random_search, base_config):
   res, caught = tiny_random_search
   assert not caught, [str(w.message) for w in caught]  # no warning unless scores are requested
-  assert res.all_scores is None
-  assert res.num_candidates >= 1 and res.hyperparameters["learning_rate"] in GRID["learning_rate"]
+  assert res.unreleased.all_scores is None
+  assert res.unreleased.num_candidates >= 1 and res.hyperparameters["learning_rate"] in GRID["learning_rate"]
   assert 0.5 < res.score <= 1.0 and res.params is not None
   assert res.config.hparams["learning_rate"] == res.hyperparameters["learning_rate"]
   event = acc.RepeatAndSelect(base_config.dp_event(), acc.Poisson(mean=4))
@@ -30,16 +30,16 @@ def test_same_key_same_result_and_scores_are_opt_in(tiny_random_search, digits, 
   with pytest.warns(UserWarning, match="NOT covered"):
     b = random_search(base_config, GRID, digits, repetitions=acc.Poisson(mean=4), key=jax.random.key(5),
                       devices=two_devices, release_all_scores=True)
-  assert a.hyperparameters == b.hyperparameters and a.score == b.score and a.num_candidates == b.num_candidates
+  assert a.hyperparameters == b.hyperparameters and a.score == b.score and a.unreleased.num_candidates == b.unreleased.num_candidates
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  assert len(b.all_scores) == b.num_candidates
-  assert max(s for _, s in b.all_scores) == b.score
+  assert len(b.unreleased.all_scores) == b.unreleased.num_candidates
+  assert max(s for _, s in b.unreleased.all_scores) == b.score
 
 
 def test_k_zero_releases_the_default(digits, base_config):
   res = random_search(base_config, GRID, digits, repetitions=acc.Poisson(mean=1e-9), key=jax.random.key(0))
-  assert res.num_candidates == 0 and res.hyperparameters is None and res.params is None
+  assert res.unreleased.num_candidates == 0 and res.hyperparameters is None and res.params is None
   assert math.isnan(res.score) and res.epsilon >= 0
 
 
@@ -53,12 +53,12 @@ def test_privacy_changing_hyperparameters_are_accounted_by_the_worst_candidate(d
 
 def test_threshold_search(digits, base_config):
   easy = threshold_search(base_config, GRID, digits, threshold=0.0, stop_prob=0.5, key=jax.random.key(2))
-  assert easy.num_candidates == 1 and easy.hyperparameters is not None
+  assert easy.unreleased.num_candidates == 1 and easy.hyperparameters is not None
   never = threshold_search(base_config, GRID, digits, threshold=2.0, stop_prob=1.0, key=jax.random.key(2))
-  assert never.num_candidates == 1 and never.hyperparameters is None
+  assert never.unreleased.num_candidates == 1 and never.hyperparameters is None
   capped = threshold_search(base_config, GRID, digits, threshold=2.0, stop_prob=0.01, max_candidates=2,
                             key=jax.random.key(2))
-  assert capped.num_candidates == 2 and capped.hyperparameters is None
+  assert capped.unreleased.num_candidates == 2 and capped.hyperparameters is None
   assert capped.epsilon == acc.epsilon(acc.ThresholdSelect(base_config.dp_event(), 0.01, 2), 1e-5)
 
 
@@ -148,7 +148,7 @@ def test_bad_data_raises_even_when_k_is_zero(digits, base_config):
   # Without the guard `no_work`: K really is 0 for this key (checked below), so
   # the search would train nothing; the bad data must be rejected all the same.
   assert random_search(base_config, GRID, digits, repetitions=repetitions,
-                       key=jax.random.key(0)).num_candidates == 0
+                       key=jax.random.key(0)).unreleased.num_candidates == 0
   with pytest.raises(ValueError, match="data must be a jaxdp.data.Dataset"):
     random_search(base_config, GRID, (1, 2), repetitions=repetitions, key=jax.random.key(0))
 
@@ -166,7 +166,8 @@ def test_result_docstring_states_what_is_covered():
   # The neighbouring relation now covers the private validation split too (DP scores).
   for fact in ("adding or removing one private example (training or private validation)",
                "size N is the declared public", "never counted from the rows", "data.test", "data.private_validation",
-               "NOT accounted", "reveals nothing about the data", "NOT covered by `epsilon`"):
+               "NOT accounted", "K (`num_candidates`)", "Not covered, not for publication",
+               "left out of repr, `to_json`, `save` and pickling"):
     assert fact in " ".join(doc.split()), fact
 
 
@@ -176,10 +177,10 @@ def _draw_search_one_key(space, repetitions, key):
   k = int(repetitions.sample(k_key))
   if not k:
     return []
-  pick_key, seed_key = jax.random.split(draw_key)
+  pick_key, keys_key = jax.random.split(draw_key)
   picks = np.asarray(jax.random.randint(pick_key, (k,), 0, len(space)))
-  seeds = np.asarray(jax.random.randint(seed_key, (k,), 0, np.iinfo(np.int32).max))
-  return [(space.points[int(i)], int(s)) for i, s in zip(picks, seeds)]
+  keys = np.asarray(jax.random.key_data(jax.random.split(keys_key, k)))
+  return [(space.points[int(i)], tuple(int(w) for w in row)) for i, row in zip(picks, keys)]
 
 
 # Each distinct K compiles its draw (about half a second): the geometric law's many go to the slow set.
@@ -191,7 +192,7 @@ def test_vectorised_draws_are_each_searchs_own(repetitions, base_config, monkeyp
   space = SearchSpace(base_config, {"learning_rate": [0.1, 0.5, 1.0], "epochs": [1, 2]})
   key = jax.random.key(3)
   keys = jax.vmap(lambda t: jax.random.fold_in(key, t))(np.arange(40))
-  got = [[(c.point, c.seed) for c in cands] for cands in search.draw_searches(space, repetitions, keys)]
+  got = [[(c.point, c.key_data) for c in cands] for cands in search.draw_searches(space, repetitions, keys)]
   want = [_draw_search_one_key(space, repetitions, jax.random.fold_in(key, t)) for t in range(40)]
   assert got == want and sum(map(len, got)) > 40
-  assert [(c.point, c.seed) for c in search.draw_search(space, repetitions, keys[7])] == want[7]
+  assert [(c.point, c.key_data) for c in search.draw_search(space, repetitions, keys[7])] == want[7]

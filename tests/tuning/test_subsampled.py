@@ -47,7 +47,7 @@ def test_epsilon_is_the_accountants(v1, base_config):
 
 def test_variant1_trains_the_final_model_on_exactly_the_complement(v1, digits):
   n_all = digits.train.inputs.shape[0]
-  mask = v1.subset_mask
+  mask = v1.unreleased.subset_mask
   assert mask.shape == (n_all,) and mask.dtype == bool
   # The released sizes are the declared ones, m = round(q N) and N - m, never
   # the counts drawn: those depend on the private rows.
@@ -68,7 +68,7 @@ def test_variant1_trains_the_final_model_on_exactly_the_complement(v1, digits):
 def test_variant2_trains_on_all_data_and_composes(digits, base_config, two_devices, v1):
   v2 = _run(base_config, digits, two_devices, variant=2)
   assert v2.final_train_size == digits.train.inputs.shape[0]
-  np.testing.assert_array_equal(v2.subset_mask, v1.subset_mask)  # same key, same X1
+  np.testing.assert_array_equal(v2.unreleased.subset_mask, v1.unreleased.subset_mask)  # same key, same X1
   assert v2.learning_rate_factor == pytest.approx(v2.final_train_size / v2.subset_size)
   ev = acc.SubsampledTuning(tune=v1.event.tune, final=v1.event.final, q=0.3, variant=2)
   assert v2.epsilon == acc.epsilon(ev, 1e-5, "best")
@@ -94,22 +94,22 @@ def test_adam_keeps_the_learning_rate_and_privacy_parameters(base_config):
 
 def test_compute_is_counted(v1, base_config, digits):
   cost = base_config.num_steps * base_config.sampling_prob
-  expected = cost * (v1.num_candidates * v1.subset_size + v1.final_train_size)
-  assert v1.gradient_evaluations == pytest.approx(expected)
-  assert v1.baseline_gradient_evaluations == pytest.approx(REPS.mean * cost * digits.train.inputs.shape[0])
-  assert v1.compute_ratio == pytest.approx(v1.baseline_gradient_evaluations / v1.gradient_evaluations)
+  expected = cost * (v1.unreleased.num_candidates * v1.subset_size + v1.final_train_size)
+  assert v1.unreleased.gradient_evaluations == pytest.approx(expected)
+  assert v1.unreleased.baseline_gradient_evaluations == pytest.approx(REPS.mean * cost * digits.train.inputs.shape[0])
+  assert v1.unreleased.compute_ratio == pytest.approx(v1.unreleased.baseline_gradient_evaluations / v1.unreleased.gradient_evaluations)
 
 
 def test_same_key_same_result(v1, digits, base_config, two_devices):
   again = _run(base_config, digits, two_devices)
-  assert again.tuned_hyperparameters == v1.tuned_hyperparameters and again.num_candidates == v1.num_candidates
+  assert again.tuned_hyperparameters == v1.tuned_hyperparameters and again.unreleased.num_candidates == v1.unreleased.num_candidates
   assert again.score == v1.score
-  np.testing.assert_array_equal(again.subset_mask, v1.subset_mask)
+  np.testing.assert_array_equal(again.unreleased.subset_mask, v1.unreleased.subset_mask)
   # Another key draws another X1 (K = 0 here: only the final run trains).
   other = _run(base_config, digits, two_devices, key=jax.random.key(4), repetitions=acc.Poisson(mean=1e-9))
-  assert not np.array_equal(other.subset_mask, v1.subset_mask)
+  assert not np.array_equal(other.unreleased.subset_mask, v1.unreleased.subset_mask)
   # K = 0 releases nothing: the final run uses the first grid point (data-independent), extrapolated.
-  assert other.num_candidates == 0 and other.tuned_hyperparameters is None
+  assert other.unreleased.num_candidates == 0 and other.tuned_hyperparameters is None
   assert other.hyperparameters["learning_rate"] == pytest.approx(0.3 * other.learning_rate_factor)
 
 
@@ -205,5 +205,6 @@ def test_extrapolate_rejects_bad_input(base_config):
 def test_result_docstring_states_what_is_covered():
   doc = " ".join(SubsampledResult.__doc__.split())
   for fact in ("adding or removing one training example", "declared public `data.num_examples`",
-               "never from the rows drawn", "public and revealed exactly", "N = m + n", "data.test", "not accounted", "independent of the data", "never returned"):
+               "never from the rows drawn", "public and revealed exactly", "N = m + n", "data.test", "not accounted", "never returned", "Not to be published: `unreleased`",
+               "K (`num_candidates`)"):
     assert fact in doc, fact

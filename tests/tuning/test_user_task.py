@@ -142,7 +142,7 @@ def user_random_search(user_config, user_data, two_devices):
 
 def test_random_search(user_random_search, user_config, user_data):
   res = user_random_search
-  assert res.num_candidates >= 1 and res.hyperparameters is not None
+  assert res.unreleased.num_candidates >= 1 and res.hyperparameters is not None
   assert res.hyperparameters["learning_rate"] in GRID["learning_rate"]
   assert res.hyperparameters["width"] in GRID["width"]
   assert res.config.hparams["width"] == res.hyperparameters["width"] == _kernel_width(res.params)
@@ -170,12 +170,12 @@ def test_dry_run_matches_random_search(no_work, user_random_search, user_config,
 def test_threshold_search(user_config, user_data, two_devices):
   easy = threshold_search(user_config, GRID, user_data, threshold=0.0, stop_prob=0.5, key=jax.random.key(2),
                           devices=two_devices, max_candidates_per_device=1)
-  assert easy.num_candidates == 1 and easy.hyperparameters is not None and easy.score_source == PUBLIC
+  assert easy.unreleased.num_candidates == 1 and easy.hyperparameters is not None and easy.score_source == PUBLIC
   assert easy.config.hparams["width"] == _kernel_width(easy.params)
   assert easy.epsilon == acc.epsilon(acc.ThresholdSelect(user_config.dp_event(USER_N), 0.5), 1e-5, "best")
   never = threshold_search(user_config, GRID, user_data, threshold=2.0, stop_prob=1.0, key=jax.random.key(2),
                            devices=two_devices, max_candidates_per_device=1)
-  assert never.num_candidates == 1 and never.hyperparameters is None and never.params is None
+  assert never.unreleased.num_candidates == 1 and never.hyperparameters is None and never.params is None
 
 
 @pytest.mark.slow  # 8 s of compiling; CI's slow set runs it, so make test stays under 5 min
@@ -184,7 +184,7 @@ def test_subsampled_search(user_config, user_data, two_devices):
   assert base.batch_size is None and base.num_steps == 10
   res = subsampled_search(base, GRID, user_data, q=0.5, variant=1, repetitions=acc.Poisson(mean=2),
                           key=jax.random.key(3), devices=two_devices, max_candidates_per_device=1)
-  m = int(res.subset_mask.sum())
+  m = int(res.unreleased.subset_mask.sum())
   assert 0 < m < USER_N
   # The declared sizes (from N and q alone), not the count drawn.
   assert res.subset_size == round(0.5 * USER_N) and res.final_train_size == USER_N - res.subset_size
@@ -199,7 +199,7 @@ def test_subsampled_search(user_config, user_data, two_devices):
   assert res.event == event and res.epsilon == acc.epsilon(event, 1e-5, "best")
   # The final run is the documented one: retrain it on X \ X1 with its key.
   final_key = jax.random.split(jax.random.key(3), 3)[2]
-  rest = jax.tree.map(lambda leaf: leaf[~res.subset_mask], user_data.train)
+  rest = jax.tree.map(lambda leaf: leaf[~res.unreleased.subset_mask], user_data.train)
   again = train_candidate(res.final_config, type(user_data)(train=rest, test=user_data.test,
                                                             num_examples=res.final_train_size), final_key)
   _assert_same_params(again.params, res.params, rtol=0, atol=0)

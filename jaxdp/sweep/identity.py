@@ -1,0 +1,363 @@
+"""A training function's identity: what a run directory records of it, so that a resume with
+another function is refused (`jaxdp.sweep.functions.FunctionPlan`).
+
+A resumed search is private only if it is the same mechanism as the run that
+stored its candidates. A function is recorded by its behaviour, as far as
+Python lets it be read: its code and every value its code can reach that the
+user wrote or set. Per layer (a `functools.partial`, a wrapper with
+`__wrapped__` such as `functools.wraps`, `functools.lru_cache` or `jax.jit`,
+the function itself):
+
+  - a function: its module and name, the sha256 of its source and of its
+    bytecode (two lambdas on one line differ), its closure cells, defaults
+    and the globals it reads; a global module of the user's is recorded by
+    the attributes the function names (`config.LR`), a library module by
+    its name;
+  - a bound method: its function and its instance;
+  - a callable object: its attributes and slots, and its class;
+  - a class of the user's (a callable object's, a value's, a global's): every
+    method's identity (`__call__` included, so a monkeypatched or
+    source-less class, as in a notebook cell or `exec`, is told apart) and
+    its other class attributes, through its bases;
+  - a partial: its function and its bound arguments.
+
+Values are recorded by content: arrays by their bytes, containers by their
+items (sets sorted, cycles as references), objects by their class and
+attributes. Library code (the standard library, installed packages, builtins)
+is recorded by name only: its version is the environment's, which the
+README's privacy assumptions leave to the user, with the files a function
+loads. A value that cannot be read so (a generator, an object whose
+attributes raise, functions nested deeper than `DEPTH` calls) makes the
+identity unique to this call (`UNIDENTIFIED`): a run directory then cannot be
+resumed, which is safe.
+"""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import functools
+import hashlib
+import inspect
+import json
+import os
+import pickle
+import sys
+import sysconfig
+import types
+import uuid
+from typing import Any, Callable, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+#: The key of an identity that cannot be resumed (see `function_identity`).
+UNIDENTIFIED = "unidentified"
+#: How deep `function_identity` follows code reached from code; deeper is `UNIDENTIFIED`.
+DEPTH = 8
+
+
+class _Unreadable(ValueError):
+  """A value `function_identity` cannot identify by content."""
+
+
+def function_identity(fn: Callable) -> dict:
+  """What a run directory records of `fn` (see the module docstring).
+
+  Returns:
+    A JSON-safe dict, equal in every process for a function of the same code holding equal
+    values; or {UNIDENTIFIED: why, "nonce": a random value} when some value it reaches
+    cannot be read.
+  """
+  try:
+    return _identity(fn, DEPTH, {})
+  except RecursionError:
+    why = "it holds values nested too deeply"
+  except Exception as err:  # pylint: disable=broad-except  # a value that refuses to be read
+    why = f"{type(err).__name__}: {err}"[:200]
+  return {UNIDENTIFIED: why, "nonce": uuid.uuid4().hex}
+
+
+def function_name(fn: Callable) -> str:
+  """`fn`'s module.qualname (of the function a `functools.partial` wraps)."""
+  while isinstance(fn, functools.partial):
+    fn = fn.func
+  return (f"{getattr(fn, '__module__', None) or type(fn).__module__}."
+          f"{getattr(fn, '__qualname__', None) or type(fn).__qualname__}")
+
+
+def _name(obj) -> str:
+  return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+@functools.lru_cache(maxsize=None)
+def _library_roots() -> tuple:
+  paths = sysconfig.get_paths()
+  roots = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib")
+           if paths.get(k)}
+  return tuple(sorted(roots))
+
+
+def _library_module(module_name: Optional[str]) -> bool:
+  """True for a module of the standard library, an installed package or a builtin module: code
+  the environment provides, recorded by name. `__main__` (a script, a notebook) is the user's."""
+  if not module_name or module_name == "__main__":
+    return False
+  top = module_name.split(".")[0]
+  if top == "jaxdp":  # jaxdp's own code: its version is in every run directory's fingerprint
+    return True
+  if top in sys.builtin_module_names or module_name in ("builtins", "__builtin__"):
+    return True
+  module = sys.modules.get(module_name) or sys.modules.get(top)
+  return _library_file(getattr(module, "__file__", None))
+
+
+def _library_file(path: Optional[str]) -> bool:
+  """True for a file under the standard library's or installed packages' directories (not a
+  pseudo-file such as `<string>` of `exec`, nor a missing one: a prompt's, a notebook's)."""
+  if not path or path.startswith("<"):
+    return False
+  path = os.path.realpath(path)
+  return any(path.startswith(root + os.sep) for root in _library_roots())
+
+
+def _library_function(function) -> bool:
+  """A plain function is a library's when its module is jaxdp or its code lives in a library
+  file (read from its code, not its module's name: `exec` may name any module)."""
+  module = getattr(function, "__module__", None) or ""
+  if module.split(".")[0] == "jaxdp":
+    return True
+  return _library_file(function.__code__.co_filename)
+
+
+def _library_callable(value) -> bool:
+  """True for a function, builtin or callable object whose code is a library's (see
+  `_library_module`); a partial or a wrapper (`__wrapped__`) is followed, never a library's."""
+  if isinstance(value, functools.partial) or _wrapped(value) is not None:
+    return False
+  if inspect.isbuiltin(value) or isinstance(value, (types.MethodWrapperType,
+                                                     types.WrapperDescriptorType,
+                                                     types.MethodDescriptorType)):
+    return True
+  if inspect.ismethod(value):
+    return _library_function(value.__func__) and _library_class(type(value.__self__))
+  if inspect.isfunction(value):
+    return _library_function(value)
+  return _library_class(type(value))
+
+
+def _library_class(cls: type) -> bool:
+  """A class is a library's when its module is, and none of its methods' code is the user's
+  (a class made by `exec` in a library module's name, or in pytest's `__main__`)."""
+  if not _library_module(cls.__module__):
+    return False
+  return all(_library_function(f) for f in vars(cls).values() if inspect.isfunction(f))
+
+
+def _wrapped(fn):
+  wrapped = getattr(fn, "__wrapped__", None) if not inspect.ismethod(fn) else None
+  return None if wrapped is fn else wrapped
+
+
+def _identity(fn, depth: int, memo: dict) -> dict:
+  if depth < 0:
+    raise _Unreadable(f"it reaches code more than {DEPTH} calls deep ({_name(fn)})")
+  if isinstance(fn, functools.partial):
+    return {"partial": _identity(fn.func, depth, memo),
+            "held": _canonical([fn.args, fn.keywords], depth, memo)}
+  target = fn.__func__ if inspect.ismethod(fn) else fn
+  function = inspect.isfunction(target)
+  kind = target if function else type(fn)
+  out = {"name": _name(kind)}
+  try:
+    out["source_sha256"] = hashlib.sha256(inspect.getsource(kind).encode()).hexdigest()
+  except (OSError, TypeError):  # no source file (a prompt, exec, a builtin): the code below tells
+    out["source_sha256"] = None
+  if function:
+    out["code_sha256"] = _code_digest(target.__code__)
+    out["held"] = _canonical(_held(target, fn, depth, memo), depth, memo)
+  wrapped = _wrapped(fn)
+  if not function and wrapped is None:  # a user's callable object: its state and its class
+    out["held"] = _canonical(_state(fn), depth, memo)
+    out["class"] = _class(type(fn), depth, memo)
+  if inspect.ismethod(fn) and not _library_class(type(fn.__self__)):
+    out["class"] = _class(type(fn.__self__), depth, memo)
+  if wrapped is not None:
+    # A wrapper object (`jax.jit`, `functools.lru_cache`) holds its compiled or cached state:
+    # what it runs is what it wraps.
+    out["wraps"] = _identity(wrapped, depth, memo)
+  return out
+
+
+def _code_digest(code: types.CodeType) -> str:
+  """sha256 of a code object's bytecode, names and constants (nested code included)."""
+  digest = hashlib.sha256(code.co_code)
+  digest.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_firstlineno)).encode())
+  for const in code.co_consts:
+    if isinstance(const, types.CodeType):
+      digest.update(_code_digest(const).encode())
+    elif isinstance(const, frozenset):  # `x in {...}`: its order follows the hash seed
+      digest.update(repr(sorted(map(repr, const))).encode())
+    else:
+      digest.update(repr(const).encode())
+  return digest.hexdigest()
+
+
+def _names(code: types.CodeType) -> set:
+  """Every global and attribute name `code` (and the code nested in it) names."""
+  names = set(code.co_names)
+  for const in code.co_consts:
+    if isinstance(const, types.CodeType):
+      names |= _names(const)
+  return names
+
+
+def _held(function, fn, depth: int, memo: dict) -> list:
+  """What a plain function holds: closure cells, defaults, the globals it reads (a module of the
+  user's by the attributes the function names) and, for a bound method, its instance."""
+  cells = []
+  for cell in function.__closure__ or ():
+    try:
+      cells.append(cell.cell_contents)
+    except ValueError:  # a cell not yet filled
+      cells.append(None)
+  names = _names(function.__code__)
+  reads = {}
+  for name in sorted(names & set(function.__globals__)):
+    value = function.__globals__[name]
+    reads[name] = (_module_reads(value, names, depth, memo) if isinstance(value, types.ModuleType)
+                   else value)
+  instance = fn.__self__ if inspect.ismethod(fn) else None
+  return [cells, function.__defaults__, function.__kwdefaults__, reads,
+          None if instance is None else _state(instance)]
+
+
+def _module_reads(module: types.ModuleType, names: set, depth: int, memo: dict) -> list:
+  """A module a function reads: a library's by name; the user's by the values of the attributes
+  the function names (`config.LR`, `config.train.lr`), read now."""
+  if _library_module(module.__name__):
+    return ["module", module.__name__]
+  key = ("module", id(module))
+  if key in memo:
+    return ["module", module.__name__, "ref"]
+  memo[key] = (len(memo), module)
+  attrs = {}
+  for name in sorted(names):
+    if name.startswith("__") or not hasattr(module, name):
+      continue
+    value = getattr(module, name)
+    attrs[name] = (_module_reads(value, names, depth, memo) if isinstance(value, types.ModuleType)
+                   else _canonical(value, depth, memo))
+  return ["module", module.__name__, attrs]
+
+
+def _state(obj, skip=()) -> dict:
+  """An object's attributes and slots (dunder names and `skip` left out)."""
+  state = {}
+  for name, value in (vars(obj).items() if hasattr(obj, "__dict__") else ()):
+    if not name.startswith("__") and name not in skip:
+      state[name] = value
+  for cls in type(obj).__mro__:
+    slots = cls.__dict__.get("__slots__", ())
+    for name in [slots] if isinstance(slots, str) else slots:
+      if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+        state[name] = getattr(obj, name)
+  return state
+
+
+#: Class attributes that name or document a class rather than define what it does.
+_CLASS_SKIP = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__",
+                         "__annotations__", "__firstlineno__", "__static_attributes__",
+                         "__dataclass_fields__", "__dataclass_params__", "__match_args__",
+                         "__parameters__", "__orig_bases__", "__abstractmethods__", "_abc_impl"})
+
+
+def _class(cls: type, depth: int, memo: dict):
+  """A class as what its instances run: for each of the user's classes in its MRO, every
+  method's identity and its other attributes' values; a library's class by name."""
+  key = ("class", id(cls))
+  if key in memo and memo[key][1] is cls:
+    return ["class-ref", memo[key][0]]
+  memo[key] = (len(memo), cls)
+  out = []
+  for base in cls.__mro__:
+    if base is object or _library_class(base):
+      out.append(["library-class", _name(base)])
+      continue
+    members = {}
+    for name, value in sorted(vars(base).items()):
+      if name in _CLASS_SKIP:
+        continue
+      if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+      if isinstance(value, property):
+        value = [value.fget, value.fset, value.fdel]
+      members[name] = _canonical(value, depth - 1, memo)
+    out.append([_name(base), members])
+  return out
+
+
+def _canonical(value: Any, depth: int, memo: dict):
+  """A JSON stand-in for `value`, the same in every process for equal values (see the module
+  docstring); a container met twice is a reference to its first place."""
+  if value is None or isinstance(value, (bool, int, str)):
+    return value
+  if isinstance(value, float):
+    return repr(value)
+  if isinstance(value, types.ModuleType):
+    return ["module", value.__name__]
+  if isinstance(value, type):
+    if _library_class(value):
+      return ["class", _name(value)]
+    return ["class", _name(value), _class(value, depth, memo)]
+  seen = memo.get(id(value))
+  if seen is not None and seen[1] is value:
+    return ["ref", seen[0]]
+  memo[id(value)] = (len(memo), value)  # the value too: a freed object's id is reused
+  if isinstance(value, (list, tuple, collections.deque)):
+    return [type(value).__name__, [_canonical(v, depth, memo) for v in value]]
+  if isinstance(value, Mapping):
+    return [type(value).__name__,
+            [[_canonical(k, depth, memo), _canonical(v, depth, memo)] for k, v in value.items()]]
+  if isinstance(value, (set, frozenset)):  # iteration order follows the process's hash seed
+    return ["set", sorted(json.dumps(_canonical(v, depth, memo), sort_keys=True) for v in value)]
+  if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+    return _array(value, depth, memo)
+  if callable(value):
+    if _library_callable(value):
+      return ["library", function_name(value)]
+    return ["function", _identity(value, depth - 1, memo)]
+  if hasattr(value, "__array__"):  # a PyTorch tensor, ...: by its values where it gives them
+    try:
+      array = np.asarray(value)
+    except Exception:  # pylint: disable=broad-except
+      array = None
+    if array is not None and array.dtype.kind != "O":
+      return ["array", str(array.dtype), list(array.shape),
+              hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()]
+  if inspect.isgenerator(value) or isinstance(value, collections.abc.Iterator):
+    raise _Unreadable(f"it holds a {type(value).__name__}, whose values cannot be read without "
+                      "consuming them")
+  state = _state(value)
+  if state or hasattr(value, "__dict__"):
+    kind = type(value)
+    cls = (["class", _name(kind)] if _library_class(kind)
+           else ["class", _name(kind), _class(kind, depth, memo)])
+    return ["object", cls, _canonical(state, depth, memo)]
+  # No attributes to read (a C type): its pickle, or its type alone when it has none (a lock, a
+  # file: resources, not values).
+  name = _name(type(value))
+  try:
+    return ["pickle", name, hashlib.sha256(pickle.dumps(value, protocol=4)).hexdigest()]
+  except Exception:  # pylint: disable=broad-except
+    return ["type", name]
+
+
+def _array(value, depth: int, memo: dict) -> list:
+  if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+    value = jax.random.key_data(value)
+  array = np.ascontiguousarray(np.asarray(value))
+  if array.dtype.kind == "O":
+    return ["objects", list(array.shape), [_canonical(v, depth, memo) for v in array.reshape(-1)]]
+  return ["array", str(array.dtype), list(array.shape), hashlib.sha256(array.tobytes()).hexdigest()]

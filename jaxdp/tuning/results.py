@@ -1,0 +1,347 @@
+"""What a tuner returns: the release its epsilon covers, and beside it, marked, what it does not.
+
+A private search's epsilon covers the output of the selection mechanism: the
+selected candidate (its hyperparameters or configuration, its parameters or
+artifact, its score), or "nothing". The number of candidates K, every seed and
+key, the candidates' ids, how many were read back from a `run_dir`, the other
+candidates' scores and the subset a search tuned on are the mechanism's
+internal randomness and book-keeping: publishing K beside the best turns the
+mixture over K that the theorems bound into best-of-k for the published k,
+whose cost grows like k-fold composition (REFERENCE §7c; measured in
+`tests/tuning/test_results.py`), and a seed with the parameters lets anyone
+retrain on both neighbours and see which reproduces them.
+
+So every result holds its release as its own fields, and all the rest in one
+field, `unreleased` (an `Unreleased`), which:
+
+  - `repr`/`str` of the result leave out, and whose own repr names its fields
+    without their values;
+  - `to_json()` and `save(path)` never write (they write the release only, the
+    parameters or artifact included, for publication; `load_release` reads it);
+  - pickling leaves out: a pickled result is its release (`unreleased` is None
+    after unpickling). `copy.copy` and `copy.deepcopy` keep it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+from typing import Any, ClassVar, Mapping, Optional
+
+import numpy as np
+
+import jaxdp
+from jaxdp import accounting as acc
+from jaxdp.sweep import artifacts
+from jaxdp.sweep.space import _json_value, config_record
+
+#: The name of a saved release's description (beside its arrays, `ARRAYS`).
+RELEASE_JSON = "release.json"
+#: The arrays of a saved release's parameters or artifact (`numpy.savez`, read without pickle).
+ARRAYS = "arrays.npz"
+#: What `save` writes in `RELEASE_JSON`'s "format".
+FORMAT = "jaxdp-release-1"
+
+
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class Unreleased:
+  """What a search computed that its epsilon does NOT cover: never publish any of it.
+
+  Each field is None (or empty) where a search has no such value.
+
+  Attributes:
+    num_candidates: how many candidates were trained. `random_search`,
+      `subsampled_search`: K, internal randomness; published beside the
+      release it is not covered (the pair (K, best) costs up to the k-fold
+      composition of one candidate). `threshold_search`: how many were tried
+      before one reached the threshold, which depends on the data.
+    resumed: how many of them (and a subsampled search's final run) were read
+      back from `run_dir` instead of trained now (a count of candidates).
+    resumed_steps: candidate id -> the step its training resumed at from a
+      checkpoint (`ExecutionConfig.checkpoint_every`). Candidate ids hash the
+      candidates' keys.
+    all_scores: every candidate's (grid point, score), only with
+      `release_all_scores=True` (it warns).
+    seed: the seed a training function's selected call got: all of its
+      randomness, its noise included.
+    auto_static: hyperparameter -> why it compiled as a static value though a
+      float (`jaxdp.train.Task.concrete_hparams`): a property of the grid,
+      kept here as a diagnostic, not part of the release.
+    subset_mask: `subsampled_search`'s tuning subset X1 over `data.train` (who
+      is in it).
+    gradient_evaluations: `subsampled_search`'s per-example gradients over
+      the K tuning runs and the final one (a function of K).
+    baseline_gradient_evaluations: E[K] x (mean over the grid of steps x
+      gamma) x N: Papernot-Steinke's expected cost on all of X (public, for
+      `compute_ratio`).
+  """
+
+  num_candidates: Optional[int] = None
+  resumed: int = 0
+  resumed_steps: Mapping[str, int] = dataclasses.field(default_factory=dict)
+  all_scores: Optional[tuple] = None
+  seed: Optional[int] = None
+  auto_static: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  subset_mask: Optional[np.ndarray] = None
+  gradient_evaluations: Optional[float] = None
+  baseline_gradient_evaluations: Optional[float] = None
+
+  def __repr__(self) -> str:
+    held = [f.name for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None and not _empty(getattr(self, f.name))]
+    return f"Unreleased(<not covered by epsilon, not for publication: {', '.join(held)}>)"
+
+  @property
+  def compute_ratio(self) -> Optional[float]:
+    """`baseline_gradient_evaluations` / `gradient_evaluations` (a subsampled search's saving)."""
+    if self.gradient_evaluations is None or self.baseline_gradient_evaluations is None:
+      return None
+    return self.baseline_gradient_evaluations / self.gradient_evaluations
+
+
+def _empty(value) -> bool:
+  return isinstance(value, (dict, tuple, list)) and not value
+
+
+class ReleaseBoundary:
+  """The release boundary of a tuner's result (a frozen dataclass with an `unreleased` field).
+
+  Subclasses name their model field (`MODEL`: "params" or "artifact") and, in
+  `JSON_FIELDS`, the released fields `to_json` writes.
+  """
+
+  MODEL: ClassVar[str] = "params"
+  JSON_FIELDS: ClassVar[tuple] = ()
+
+  def to_json(self) -> dict:
+    """The release as JSON-safe values (its parameters or artifact aside: `save` writes them).
+
+    Holds the released fields, the event's repr and description, and the
+    jaxdp version; never anything of `unreleased`.
+    """
+    out = {"format": FORMAT, "kind": type(self).__name__, "jaxdp": jaxdp.__version__}
+    for name in self.JSON_FIELDS:
+      out[name] = _jsonable(getattr(self, name))
+    out["event"] = None if self.event is None else repr(self.event)
+    out["event_description"] = None if self.event is None else acc.describe(self.event)
+    return out
+
+  def save(self, path: str) -> str:
+    """Writes the release to directory `path` for publication: `release.json` (`to_json`) and
+    `arrays.npz` (the parameters or artifact, `jaxdp.sweep.artifacts`'s encoding: arrays as
+    raw bytes, anything else pickled). Nothing of `unreleased` is written.
+
+    Returns:
+      `path`. Read it back with `jaxdp.tuning.load_release`.
+
+    Raises:
+      ValueError: `path` exists and is not an empty directory (a release is never
+        overwritten or mixed with other files).
+    """
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+      raise ValueError(f"path={path!r} exists and is not an empty directory: save a release to a "
+                       "new directory")
+    os.makedirs(path, exist_ok=True)
+    structure, leaves = artifacts.encode(getattr(self, self.MODEL))
+    description = dict(self.to_json(), model=self.MODEL, structure=structure)
+    np.savez(os.path.join(path, ARRAYS), **{str(i): np.asarray(leaf) for i, leaf in enumerate(leaves)})
+    with open(os.path.join(path, RELEASE_JSON), "w", encoding="utf-8") as f:
+      json.dump(description, f, indent=1, sort_keys=True)
+    return path
+
+  def __getstate__(self):
+    # A pickled result is its release: what is not covered stays in this process.
+    state = dict(self.__dict__)
+    state["unreleased"] = None
+    return state
+
+  def __copy__(self):
+    return dataclasses.replace(self)
+
+  def __deepcopy__(self, memo):
+    return dataclasses.replace(self, **{f.name: copy.deepcopy(getattr(self, f.name), memo)
+                                        for f in dataclasses.fields(self)})
+
+
+def _jsonable(value: Any) -> Any:
+  """`value` as JSON: numbers (non-finite ones by repr), strings, containers, a `TrainConfig`
+  as its record (`jaxdp.sweep.space.config_record`)."""
+  if hasattr(value, "task") and hasattr(value, "hparams"):
+    return config_record(value)
+  if isinstance(value, Mapping):
+    return {str(k): _jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_jsonable(v) for v in value]
+  if isinstance(value, float) and not math.isfinite(value):
+    return repr(value)
+  return _json_value(value)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TunedResult(ReleaseBoundary):
+  """What a private search of a jaxdp task releases, and apart from it what it does not.
+
+  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
+  differ by adding or removing one private example (training or private
+  validation), which is what `event` accounts; the training set size N is
+  the declared public `data.num_examples`, never counted from the rows (every
+  step divides by q N, and an expected batch size b means q = b / N), and a
+  `NoisyMean` divides by its declared `num_examples`; `score_source` says
+  where the score came from: a plain score reads `data.test`, which is
+  treated as public and is NOT accounted, a DP score reads
+  `data.private_validation` and its event is in `event`.
+
+  Attributes:
+    hyperparameters: the selected grid point, or None when nothing is released
+      (K = 0, every candidate diverged, or the threshold was never reached):
+      the documented default output. Released.
+    config: the selected candidate's `TrainConfig` (None likewise). Released.
+    params: its trained parameters (None likewise). Released.
+    score: its selection score, NaN if nothing is released. Released.
+    epsilon: epsilon of the whole search at `delta`. Released.
+    delta: target delta. Released.
+    event: the accounted DpEvent (public: the configurations and K's law). Released.
+    accounting_method: the method that gave `epsilon` ("best" = tightest valid).
+    score_source: 'public test split (not accounted)' or 'private validation
+      split (DP score, accounted)'.
+    noise_multiplier: the sigma calibrated for `target_epsilon`, or None.
+    num_candidates: None, unless the search was asked to release K
+      (`release_num_candidates=True`): then K, accounted with the pair
+      (`acc.SelectionWithCount`, at the cost of k runs composed).
+    unreleased: an `Unreleased`: K (`num_candidates`), `resumed`,
+      `resumed_steps`, `all_scores`, `auto_static`. Not covered, not for
+      publication; left out of repr, `to_json`, `save` and pickling.
+
+  Publishing: every field but `unreleased` is the release and may be
+  published (`save`, `to_json`); `unreleased` may not (see `Unreleased`). The
+  key must stay secret too: it regenerates every candidate's noise.
+  """
+
+  hyperparameters: Optional[Mapping[str, Any]]
+  config: Any
+  params: Any = dataclasses.field(repr=False)
+  score: float
+  epsilon: float
+  delta: float
+  event: Any
+  accounting_method: str = "best"
+  score_source: str = ""
+  noise_multiplier: Optional[float] = None
+  num_candidates: Optional[int] = None
+  unreleased: Optional[Unreleased] = dataclasses.field(default=None, repr=False, compare=False)
+
+  MODEL: ClassVar[str] = "params"
+  JSON_FIELDS: ClassVar[tuple] = ("hyperparameters", "config", "score", "epsilon", "delta",
+                                  "accounting_method", "score_source", "noise_multiplier",
+                                  "num_candidates")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TunedFunctionResult(ReleaseBoundary):
+  """What a private search over a training function releases (README, "Tune any trainer"),
+  and apart from it what it does not.
+
+  The vocabulary of `TunedResult`, with the function's artifact in place of
+  the parameters. Covered by `epsilon` (if `dp_event` is what `train_fn`
+  runs, the caller's contract): `hyperparameters`, `artifact`, `score`.
+
+  Attributes:
+    hyperparameters: what the selected candidate's `train_fn` was called with
+      (its grid point, and the calibrated noise), or None when nothing is
+      released (K = 0, no finite score, or no score reached the threshold).
+      Released.
+    artifact: what its `train_fn` returned beside the score (None likewise);
+      with a `run_dir`, read back from there (`jaxdp.sweep.artifacts`). Released.
+    score: its score, NaN if nothing is released. Released.
+    epsilon, delta, event, accounting_method, noise_multiplier, num_candidates:
+      as in `TunedResult` (`noise_multiplier` is the calibrated value of
+      `noise_parameter`). Released.
+    score_source: where the score comes from: the caller's contract.
+    unreleased: an `Unreleased`: K (`num_candidates`), the selected call's
+      `seed` (its noise), `resumed`, `all_scores`. Not covered, not for
+      publication; left out of repr, `to_json`, `save` and pickling.
+
+  Publishing: every field but `unreleased` is the release and may be
+  published (`save`, `to_json`); `unreleased` may not (see `Unreleased`). The
+  key must stay secret too: it regenerates every candidate's noise.
+  """
+
+  hyperparameters: Optional[Mapping[str, Any]]
+  artifact: Any = dataclasses.field(repr=False)
+  score: float
+  epsilon: float
+  delta: float
+  event: Any
+  accounting_method: str = "best"
+  score_source: str = ""
+  noise_multiplier: Optional[float] = None
+  num_candidates: Optional[int] = None
+  unreleased: Optional[Unreleased] = dataclasses.field(default=None, repr=False, compare=False)
+
+  MODEL: ClassVar[str] = "artifact"
+  JSON_FIELDS: ClassVar[tuple] = ("hyperparameters", "score", "epsilon", "delta",
+                                  "accounting_method", "score_source", "noise_multiplier",
+                                  "num_candidates")
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+  """A release read back from disk (`load_release`): what a tuner's result `save`d.
+
+  Attributes:
+    kind: the result type that saved it ("TunedResult", "TunedFunctionResult",
+      "SubsampledResult").
+    hyperparameters: the released hyperparameters (None: nothing was released).
+    score: the released score (NaN: nothing was released).
+    epsilon, delta: the guarantee of the whole search.
+    event: the accounted DpEvent's repr.
+    model: what the search released of the model: a task's parameters, a
+      training function's artifact.
+    details: the kind's other released fields, as JSON (a configuration as its
+      record, `jaxdp.sweep.space.config_record`; non-finite numbers as strings).
+  """
+
+  kind: str
+  hyperparameters: Optional[Mapping[str, Any]]
+  score: float
+  epsilon: float
+  delta: float
+  event: Optional[str]
+  model: Any = dataclasses.field(repr=False)
+  details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _number(value) -> float:
+  return float(value) if isinstance(value, str) else value
+
+
+def load_release(path: str) -> Release:
+  """The release `save` wrote to directory `path`.
+
+  A training function's artifact that was not arrays is read by unpickling: it
+  runs code the file names, so load only releases you trust like code.
+
+  Raises:
+    ValueError: `path` holds no release, or one of another format.
+  """
+  try:
+    with open(os.path.join(path, RELEASE_JSON), encoding="utf-8") as f:
+      description = json.load(f)
+  except (OSError, json.JSONDecodeError) as err:
+    raise ValueError(f"path={path!r} holds no readable jaxdp release ({RELEASE_JSON}): {err}") from err
+  if description.get("format") != FORMAT:
+    raise ValueError(f"path={path!r} holds a release of format {description.get('format')!r}; "
+                     f"this jaxdp reads {FORMAT!r}")
+  with np.load(os.path.join(path, ARRAYS), allow_pickle=False) as arrays:
+    leaves = [arrays[str(i)] for i in range(len(arrays.files))]
+  model = artifacts.decode(description.pop("structure"), leaves)
+  common = {name: description.pop(name) for name in ("kind", "hyperparameters", "score", "epsilon",
+                                                      "delta", "event")}
+  for name in ("format", "model"):
+    description.pop(name)
+  for name in ("score", "epsilon", "delta"):
+    common[name] = _number(common[name])
+  return Release(model=model, details=description, **common)
