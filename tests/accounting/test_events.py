@@ -63,6 +63,7 @@ EXAMPLES = {
     acc.RandomStopping: [acc.RandomStopping(acc.PureDp(0.5), 0.4), acc.RandomStopping(G(2.0), 0.4, 4)],
     acc.ThresholdSelect: [acc.ThresholdSelect(acc.PureDp(0.5), 0.4, 4)],
     acc.UniformCandidates: [acc.UniformCandidates([G(2.0), LISTED])],
+    acc.SelectionWithCount: [acc.SelectionWithCount(acc.RepeatAndSelect(G(2.0), acc.Poisson(3)))],
     acc.SubsampledTuning: [acc.SubsampledTuning(acc.RepeatAndSelect(G(2.0), acc.Poisson(3)), G(2.0), 0.2)],
 }
 TYPES = sorted(EXAMPLES, key=lambda cls: (cls.__module__, cls.__name__))
