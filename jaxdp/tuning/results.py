@@ -19,7 +19,9 @@ field, `unreleased` (an `Unreleased`), which:
   - `to_json()` and `save(path)` never write (they write the release only, the
     parameters or artifact included, for publication; `load_release` reads it);
   - pickling leaves out: a pickled result is its release (`unreleased` is None
-    after unpickling). `copy.copy` and `copy.deepcopy` keep it.
+    after unpickling). `copy.copy` and `copy.deepcopy` keep it;
+  - is not a dataclass field: `dataclasses.fields`, `asdict` and `astuple`
+    see the release only (`replace` keeps it, as a copy does).
 """
 
 from __future__ import annotations
@@ -152,6 +154,9 @@ class ReleaseBoundary:
       json.dump(description, f, indent=1, sort_keys=True)
     return path
 
+  def __post_init__(self, unreleased: Optional[Unreleased]):
+    object.__setattr__(self, "unreleased", unreleased)
+
   def __getstate__(self):
     # A pickled result is its release: what is not covered stays in this process.
     state = dict(self.__dict__)
@@ -162,8 +167,9 @@ class ReleaseBoundary:
     return dataclasses.replace(self)
 
   def __deepcopy__(self, memo):
-    return dataclasses.replace(self, **{f.name: copy.deepcopy(getattr(self, f.name), memo)
-                                        for f in dataclasses.fields(self)})
+    return dataclasses.replace(self, unreleased=copy.deepcopy(self.unreleased, memo),
+                               **{f.name: copy.deepcopy(getattr(self, f.name), memo)
+                                  for f in dataclasses.fields(self)})
 
 
 def _jsonable(value: Any) -> Any:
@@ -231,7 +237,8 @@ class TunedResult(ReleaseBoundary):
   score_source: str = ""
   noise_multiplier: Optional[float] = None
   num_candidates: Optional[int] = None
-  unreleased: Optional[Unreleased] = dataclasses.field(default=None, repr=False, compare=False)
+  # Not a field: `dataclasses.fields`, `asdict` and `astuple` see the release only.
+  unreleased: dataclasses.InitVar[Optional[Unreleased]] = None
 
   MODEL: ClassVar[str] = "params"
   JSON_FIELDS: ClassVar[tuple] = ("hyperparameters", "config", "score", "epsilon", "delta",
@@ -279,7 +286,8 @@ class TunedFunctionResult(ReleaseBoundary):
   score_source: str = ""
   noise_multiplier: Optional[float] = None
   num_candidates: Optional[int] = None
-  unreleased: Optional[Unreleased] = dataclasses.field(default=None, repr=False, compare=False)
+  # Not a field: `dataclasses.fields`, `asdict` and `astuple` see the release only.
+  unreleased: dataclasses.InitVar[Optional[Unreleased]] = None
 
   MODEL: ClassVar[str] = "artifact"
   JSON_FIELDS: ClassVar[tuple] = ("hyperparameters", "score", "epsilon", "delta",

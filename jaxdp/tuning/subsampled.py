@@ -125,7 +125,8 @@ class SubsampledResult(ReleaseBoundary):
   delta: float
   event: Any
   accounting_method: str = "best"
-  unreleased: Optional[Unreleased] = dataclasses.field(default=None, repr=False, compare=False)
+  # Not a field: `dataclasses.fields`, `asdict` and `astuple` see the release only.
+  unreleased: dataclasses.InitVar[Optional[Unreleased]] = None
 
   MODEL: ClassVar[str] = "params"
   JSON_FIELDS: ClassVar[tuple] = ("final_config", "tuned_hyperparameters", "hyperparameters",

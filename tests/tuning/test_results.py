@@ -7,6 +7,7 @@ divergence the mixture's bound does not cover (REFERENCE.md §7c).
 """
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -178,6 +179,10 @@ def test_a_function_results_repr_json_and_pickle_hold_the_release_only(function_
   back = pickle.loads(blob)
   assert back.unreleased is None and back.hyperparameters == first.hyperparameters
   assert copy.deepcopy(first).unreleased.seed == copy.copy(first).unreleased.seed == first.unreleased.seed
+  # Not a field: asdict (a common way to log a dataclass) holds the release only.
+  assert set(dataclasses.asdict(first)) == {f.name for f in dataclasses.fields(first)} == {
+      "hyperparameters", "artifact", "score", "epsilon", "delta", "event", "accounting_method",
+      "score_source", "noise_multiplier", "num_candidates"}
   # The unreleased part names its fields, never their values.
   assert repr(first.unreleased) == ("Unreleased(<not covered by epsilon, not for publication: "
                                     "num_candidates, resumed, seed>)")
