@@ -38,11 +38,16 @@ def as_generator(rng) -> np.random.Generator:
 def generators_for_keys(keys) -> list:
   """`as_generator(key)` for each of a batch of JAX PRNG keys (shape (n,)), the bits drawn at once.
 
-  `jax.random.bits` is defined key by key, so the vmapped draw gives each key
-  the bits `as_generator` draws for it alone: the same generators.
+  Threefry's `jax.random.bits` is defined key by key, so the vmapped draw gives
+  each key the bits `as_generator` draws for it alone: the same generators.
+  Other implementations (rbg) are not, and draw key by key.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  bits = np.asarray(jax.vmap(lambda key: jax.random.bits(key, (4,), dtype=np.uint32))(keys))
+  draw = lambda key: jax.random.bits(key, (4,), dtype=np.uint32)
+  if str(jax.random.key_impl(keys)) == "threefry2x32":
+    bits = np.asarray(jax.vmap(draw)(keys))
+  else:
+    bits = np.stack([np.asarray(draw(key)) for key in keys])
   return [np.random.default_rng(row.astype(np.uint64)) for row in bits]
 
 

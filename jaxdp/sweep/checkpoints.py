@@ -183,16 +183,17 @@ class Checkpoints:
         meta = dict(manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
         valid = meta.get("meta_sha256") == _meta_digest(meta)
       except Exception as err:  # pylint: disable=broad-except
-        self._quarantine(candidate_id, step, f"its metadata cannot be read ({type(err).__name__}: "
-                                             f"{err})"[:400])
+        self._quarantine(candidate_id, step, f"its metadata cannot be read ({type(err).__name__})")
         continue
+      # The errors' texts are left out: they name the checkpoint's path, whose directory is the
+      # candidate's id (a hash of its key).
       if not valid:
         self._quarantine(candidate_id, step, "its metadata fails its checksum")
         continue
       if meta.get("identity") != identity or meta.get("candidate") != candidate_id:
         raise SearchMismatchError(
-            f"{self._path(candidate_id)}/{step} is a checkpoint of another run (another candidate, "
-            f"mechanism, key, data or public start than candidate {candidate_id} of this search): "
+            f"a checkpoint (step {step}) under {self.directory} is a checkpoint of another run "
+            "(another candidate, mechanism, key, data or public start than this search's): "
             "continuing it would release a run that the reported epsilon does not account for. "
             "Remove it to train this candidate from step 0, or rerun the identical search")
       if meta.get("step") != step:
@@ -204,8 +205,7 @@ class Checkpoints:
             state=ocp.args.StandardRestore(_named(like))))
         leaves = [np.asarray(got["state"][name]) for name in sorted(got["state"])]
       except Exception as err:  # pylint: disable=broad-except
-        self._quarantine(candidate_id, step, f"its arrays cannot be read ({type(err).__name__}: "
-                                             f"{err})"[:400])
+        self._quarantine(candidate_id, step, f"its arrays cannot be read ({type(err).__name__})")
         continue
       if params_digest(leaves) != meta.get("state_sha256"):
         self._quarantine(candidate_id, step, "its arrays fail their checksum")

@@ -360,7 +360,8 @@ def _dispatch_group(group: _Group, candidates, plan: SearchPlan, splits: tuple, 
   if initial is not None:  # replicated once per group
     initial = jax.device_put(initial, NamedSharding(mesh, P()))
   # What a fresh candidate's state input is (ignored by the program): on the devices once.
-  empty = program.empty_state(group.spec, plan.data.train, rows=chunk)
+  key_dtype = candidates[group.indices[0]].key().dtype  # a search's candidates share its impl
+  empty = program.empty_state(group.spec, plan.data.train, rows=chunk, key_dtype=key_dtype)
   empty_on_device = jax.device_put((empty, np.ones(chunk, bool), np.zeros(chunk, bool)), sharding)
   executable, compile_s = None, 0.0
 

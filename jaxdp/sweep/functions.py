@@ -53,9 +53,9 @@ import numpy as np
 
 import jaxdp
 from jaxdp.sweep import artifacts
-from jaxdp.sweep.identity import UNIDENTIFIED, function_identity
+from jaxdp.sweep.identity import UNIDENTIFIED, function_identity, function_name
 from jaxdp.sweep.progress import candidates_bar
-from jaxdp.sweep.space import Candidate, _json_value, checked_grid, point_key
+from jaxdp.sweep.space import Candidate, _json_value, checked_grid, key_digest, point_key
 from jaxdp.train.digest import scrub
 
 #: The seeds a training function is called with: integers in [0, 2**63).
@@ -134,7 +134,7 @@ class FunctionResult:
   score: float
   stored: Optional[tuple] = dataclasses.field(repr=False, default=None)
   wall_time_s: float = 0.0
-  seed: int = 0
+  seed: int = dataclasses.field(default=0, repr=False)  # the call's noise: never printed
 
   @property
   def artifact(self) -> Any:
@@ -305,9 +305,13 @@ class FunctionPlan:
         warnings.warn(f"{name} holds a value jaxdp cannot identify ({why}): a run_dir of this "
                       "search can never be resumed (each call counts as another function)",
                       stacklevel=4)
-    return dict(tuner=tuner, key=np.asarray(jax.random.key_data(key)).tolist(),
-                key_impl=str(jax.random.key_impl(key)), points=[dict(p) for p in self.points],
-                **self._identities,
+    # Digests only: an identity holds the values a function reads (a global list of data, say),
+    # and a mismatch message prints what differs.
+    identities = {name: {"name": function_name(fn), "sha256": hashlib.sha256(json.dumps(
+        self._identities[name], sort_keys=True).encode()).hexdigest()}
+        for name, fn in (("train_fn", self.train_fn), ("dp_event", self.event_fn))}
+    return dict(tuner=tuner, key=key_digest(key), points=[dict(p) for p in self.points],
+                **identities,
                 accounted={k: repr(v) for k, v in sorted(accounted.items())},
                 jaxdp=jaxdp.__version__)
 

@@ -23,17 +23,24 @@ the function itself):
 
 Values are recorded by content: arrays by their bytes, containers by their
 items (sets sorted, cycles as references), objects by their class and
-attributes. Library code (the standard library, installed packages, builtins)
-is recorded by name only: its version is the environment's, which the
-README's privacy assumptions leave to the user, with the files a function
-loads. A value that cannot be read so (a generator, an object whose
-attributes raise, functions nested deeper than `DEPTH` calls) makes the
-identity unique to this call (`UNIDENTIFIED`): a run directory then cannot be
-resumed, which is safe.
+attributes (and, with a C base such as `random.Random`, their pickle).
+Library code (the standard library, installed packages, builtins, jaxdp) is
+recorded by name, and what a library's callable holds by value (a function's
+closure cells and defaults: an optax transformation's hyperparameters; a
+bound method's instance; an object's attributes). Its version is the
+environment's, which the README's privacy assumptions leave to the user, with
+the files a function loads and the environment variables it reads. Code that
+looks names up as it runs (`globals()`, `eval`, `getattr` with a computed
+name, `sys.modules`, ...) and a value that cannot be read (a generator, an
+object whose attributes raise, code nested deeper than `DEPTH` calls) make
+the identity unique to this call (`UNIDENTIFIED`): a run directory then
+cannot be resumed, which is safe.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import collections
 import collections.abc
 import functools
@@ -44,6 +51,7 @@ import os
 import pickle
 import sys
 import sysconfig
+import textwrap
 import types
 import uuid
 from typing import Any, Callable, Mapping, Optional
@@ -141,7 +149,9 @@ def _library_callable(value) -> bool:
                                                      types.MethodDescriptorType)):
     return True
   if inspect.ismethod(value):
-    return _library_function(value.__func__) and _library_class(type(value.__self__))
+    func = value.__func__  # a Cython method's is no Python function: a library's
+    return ((not inspect.isfunction(func) or _library_function(func))
+            and _library_class(type(value.__self__)))
   if inspect.isfunction(value):
     return _library_function(value)
   return _library_class(type(value))
@@ -166,6 +176,8 @@ def _identity(fn, depth: int, memo: dict) -> dict:
   if isinstance(fn, functools.partial):
     return {"partial": _identity(fn.func, depth, memo),
             "held": _canonical([fn.args, fn.keywords], depth, memo)}
+  if _library_callable(fn):
+    return {"library": function_name(fn), "held": _library_held(fn, depth, memo)}
   target = fn.__func__ if inspect.ismethod(fn) else fn
   function = inspect.isfunction(target)
   kind = target if function else type(fn)
@@ -178,14 +190,17 @@ def _identity(fn, depth: int, memo: dict) -> dict:
     out["code_sha256"] = _code_digest(target.__code__)
     out["held"] = _canonical(_held(target, fn, depth, memo), depth, memo)
   wrapped = _wrapped(fn)
-  if not function and wrapped is None:  # a user's callable object: its state and its class
-    out["held"] = _canonical(_state(fn), depth, memo)
-    out["class"] = _class(type(fn), depth, memo)
+  if not function and not inspect.ismethod(fn):
+    if not _library_class(type(fn)):
+      # A user's callable object, a class-based decorator (`__wrapped__`) included: its state
+      # (a decorator's noise, say) and its class's code, besides what it wraps.
+      out["held"] = _canonical(_state(fn), depth, memo)
+      out["class"] = _class(type(fn), depth, memo)
   if inspect.ismethod(fn) and not _library_class(type(fn.__self__)):
     out["class"] = _class(type(fn.__self__), depth, memo)
   if wrapped is not None:
-    # A wrapper object (`jax.jit`, `functools.lru_cache`) holds its compiled or cached state:
-    # what it runs is what it wraps.
+    # A library's wrapper object (`jax.jit`, `functools.lru_cache`) holds its compiled or cached
+    # state: what it runs is what it wraps.
     out["wraps"] = _identity(wrapped, depth, memo)
   return out
 
@@ -213,24 +228,92 @@ def _names(code: types.CodeType) -> set:
   return names
 
 
-def _held(function, fn, depth: int, memo: dict) -> list:
-  """What a plain function holds: closure cells, defaults, the globals it reads (a module of the
-  user's by the attributes the function names) and, for a bound method, its instance."""
+#: Names through which code reads what its names do not say: what it reads cannot be recorded.
+_DYNAMIC = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__", "import_module",
+                      "__dict__"})
+#: The builtins as jaxdp found them: a name added to `builtins` later is a value, read as a global.
+_BUILTINS = frozenset(vars(builtins))
+
+
+def _dynamic_reads(function, names: set) -> list:
+  """The ways `function` reads values its code does not name (see `_DYNAMIC`), a module's
+  `sys.modules`, and `getattr` with a computed name (from its source; without source, any
+  `getattr`)."""
+  found = sorted(names & _DYNAMIC)
+  if "modules" in names and function.__globals__.get("sys") is sys:
+    found.append("sys.modules")
+  if "getattr" in names and "getattr" not in function.__globals__:
+    try:
+      tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+      computed = any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                     and node.func.id == "getattr" and len(node.args) >= 2
+                     and not isinstance(node.args[1], ast.Constant) for node in ast.walk(tree))
+    except (OSError, TypeError, SyntaxError):  # no source (exec, a prompt): assume the worst
+      computed = True
+    if computed:
+      found.append("getattr with a computed name")
+  return found
+
+
+def _cells(function) -> list:
   cells = []
   for cell in function.__closure__ or ():
     try:
       cells.append(cell.cell_contents)
     except ValueError:  # a cell not yet filled
       cells.append(None)
+  return cells
+
+
+def _held(function, fn, depth: int, memo: dict) -> list:
+  """What a plain function holds: closure cells, defaults, its own attributes, the globals it
+  reads (a module of the user's by the attributes the function names) and, for a bound method,
+  its instance."""
+  cells = _cells(function)
   names = _names(function.__code__)
+  dynamic = _dynamic_reads(function, names)
+  if dynamic:
+    raise _Unreadable(f"{_name(function)} looks names up as it runs ({', '.join(dynamic)}): what "
+                      "it reads cannot be recorded")
   reads = {}
   for name in sorted(names & set(function.__globals__)):
     value = function.__globals__[name]
-    reads[name] = (_module_reads(value, names, depth, memo) if isinstance(value, types.ModuleType)
-                   else value)
+    if isinstance(value, types.ModuleType):
+      reads[name] = _module_reads(value, names, depth, memo)
+    elif isinstance(value, type) and _library_class(value):  # `Lib.attr`: what it names, now
+      reads[name] = ["class", _name(value), {attr: _canonical(vars(value)[attr], depth, memo)
+                                              for attr in sorted(names & set(vars(value)))
+                                              if not callable(vars(value)[attr])}]
+    else:
+      reads[name] = value
+  for name in sorted(names - set(function.__globals__) - _BUILTINS):
+    if hasattr(builtins, name):  # set on `builtins` after jaxdp was imported: a global value
+      reads[name] = getattr(builtins, name)
   instance = fn.__self__ if inspect.ismethod(fn) else None
-  return [cells, function.__defaults__, function.__kwdefaults__, reads,
+  held = [cells, function.__defaults__, function.__kwdefaults__, reads,
           None if instance is None else _state(instance)]
+  own = _state(function)  # `train_fn.lr = 0.1`
+  return held + [own] if own else held
+
+
+def _library_held(value, depth: int, memo: dict) -> list:
+  """What a library's callable holds besides its code (recorded by name): a function's closure
+  cells and defaults (`optax.contrib.dpsgd(noise_multiplier=...)`'s closures), a bound method's
+  instance, a callable object's attributes (or, for a C object, its pickle)."""
+  if depth < 0:
+    raise _Unreadable(f"it reaches library code more than {DEPTH} calls deep ({function_name(value)})")
+  if inspect.isfunction(value):
+    return _canonical([_cells(value), value.__defaults__, value.__kwdefaults__], depth - 1, memo)
+  owner = getattr(value, "__self__", None)
+  if inspect.ismethod(value) or inspect.isbuiltin(value):
+    if owner is None or isinstance(owner, types.ModuleType):
+      return []
+    held = _canonical(owner, depth - 1, memo)
+    return [held, _library_held(value.__func__, depth - 1, memo)] if inspect.ismethod(value) else [held]
+  if isinstance(value, (types.MethodWrapperType, types.WrapperDescriptorType,
+                        types.MethodDescriptorType)):
+    return []
+  return _object_state(value, depth - 1, memo)
 
 
 def _module_reads(module: types.ModuleType, names: set, depth: int, memo: dict) -> list:
@@ -315,43 +398,85 @@ def _canonical(value: Any, depth: int, memo: dict):
   if seen is not None and seen[1] is value:
     return ["ref", seen[0]]
   memo[id(value)] = (len(memo), value)  # the value too: a freed object's id is reused
-  if isinstance(value, (list, tuple, collections.deque)):
-    return [type(value).__name__, [_canonical(v, depth, memo) for v in value]]
-  if isinstance(value, Mapping):
-    return [type(value).__name__,
-            [[_canonical(k, depth, memo), _canonical(v, depth, memo)] for k, v in value.items()]]
+  if isinstance(value, (list, tuple, collections.deque, Mapping)):
+    items = (value.items() if isinstance(value, Mapping) else None)
+    out = [type(value).__name__,
+           [_canonical(v, depth, memo) for v in value] if items is None else
+           [[_canonical(k, depth, memo), _canonical(v, depth, memo)] for k, v in items]]
+    extra = _state(value)  # a subclass's own attributes (a dict subclass's `lr`)
+    return out + [_canonical(extra, depth, memo)] if extra else out
   if isinstance(value, (set, frozenset)):  # iteration order follows the process's hash seed
     return ["set", sorted(json.dumps(_canonical(v, depth, memo), sort_keys=True) for v in value)]
   if isinstance(value, (np.ndarray, np.generic, jax.Array)):
     return _array(value, depth, memo)
   if callable(value):
-    if _library_callable(value):
-      return ["library", function_name(value)]
     return ["function", _identity(value, depth - 1, memo)]
   if hasattr(value, "__array__"):  # a PyTorch tensor, ...: by its values where it gives them
-    try:
-      array = np.asarray(value)
-    except Exception:  # pylint: disable=broad-except
-      array = None
+    array = _as_array(value)
     if array is not None and array.dtype.kind != "O":
-      return ["array", str(array.dtype), list(array.shape),
-              hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()]
+      return ["array", str(array.dtype), list(array.shape), _bytes_digest(array)]
   if inspect.isgenerator(value) or isinstance(value, collections.abc.Iterator):
     raise _Unreadable(f"it holds a {type(value).__name__}, whose values cannot be read without "
                       "consuming them")
+  return _object_state(value, depth, memo)
+
+
+def _object_state(value, depth: int, memo: dict) -> list:
+  """An object by its class (a user's class by its code) and its attributes; one with a C base
+  (`random.Random`, `array.array`) also by its pickle, which holds what no attribute shows."""
+  kind = type(value)
   state = _state(value)
   if state or hasattr(value, "__dict__"):
-    kind = type(value)
     cls = (["class", _name(kind)] if _library_class(kind)
            else ["class", _name(kind), _class(kind, depth, memo)])
-    return ["object", cls, _canonical(state, depth, memo)]
+    out = ["object", cls, _canonical(state, depth, memo)]
+    return out + [_pickled(value)] if _c_base(kind) else out
   # No attributes to read (a C type): its pickle, or its type alone when it has none (a lock, a
   # file: resources, not values).
+  return _pickled(value)
+
+
+def _c_base(cls: type) -> bool:
+  """True when a class derives from a type written in C other than `object` (a builtin's, an
+  extension module's): its state may live where no attribute shows it."""
+  for base in cls.__mro__:
+    if base is object:
+      continue
+    module = sys.modules.get(base.__module__)
+    path = getattr(module, "__file__", None) or ""
+    if (base.__module__ == "builtins" or path.endswith((".so", ".pyd"))
+        or (not path and base.__module__ in sys.builtin_module_names)):
+      return True
+  return False
+
+
+def _pickled(value) -> list:
   name = _name(type(value))
   try:
     return ["pickle", name, hashlib.sha256(pickle.dumps(value, protocol=4)).hexdigest()]
   except Exception:  # pylint: disable=broad-except
     return ["type", name]
+
+
+def _as_array(value) -> Optional[np.ndarray]:
+  """`value`'s values as a NumPy array (a PyTorch tensor that requires grad detached first), or
+  None when it gives none."""
+  for view in (lambda v: v, lambda v: v.detach().cpu()):
+    try:
+      return np.asarray(view(value))
+    except Exception:  # pylint: disable=broad-except
+      continue
+  return None
+
+
+def _bytes_digest(array: np.ndarray) -> str:
+  """sha256 of an array's bytes, read in place (a large memory map is not copied into memory)."""
+  array = np.ascontiguousarray(array).reshape(-1)
+  digest = hashlib.sha256()
+  step = max(1, (1 << 24) // max(array.itemsize, 1))
+  for start in range(0, array.size, step):
+    digest.update(array[start:start + step].view(np.uint8))
+  return digest.hexdigest()
 
 
 def _array(value, depth: int, memo: dict) -> list:
@@ -360,4 +485,4 @@ def _array(value, depth: int, memo: dict) -> list:
   array = np.ascontiguousarray(np.asarray(value))
   if array.dtype.kind == "O":
     return ["objects", list(array.shape), [_canonical(v, depth, memo) for v in array.reshape(-1)]]
-  return ["array", str(array.dtype), list(array.shape), hashlib.sha256(array.tobytes()).hexdigest()]
+  return ["array", str(array.dtype), list(array.shape), _bytes_digest(array)]

@@ -31,7 +31,8 @@ import jaxdp
 from jaxdp.data import Dataset
 from jaxdp.sweep.functions import FunctionPlan
 from jaxdp.sweep.pool import DATA_KEY, INITIAL_KEY
-from jaxdp.sweep.space import MECHANISM_PARTS, Candidate, SearchSpace, config_record, point_key
+from jaxdp.sweep.space import (MECHANISM_PARTS, Candidate, SearchSpace, config_record, key_digest,
+                               point_key)
 from jaxdp.train import digest as digest_lib
 from jaxdp.train.config import TrainConfig
 from jaxdp.train.run_plan import RunPlan, plan_runs
@@ -274,8 +275,7 @@ class SearchPlan:
     shapes = sorted({str(jax.tree.map(lambda s: (tuple(s.shape), str(s.dtype)), r.params))
                      for r in self.runs})
     # The implementation too: the same raw bits draw differently under threefry and rbg.
-    return dict(tuner=tuner, key=np.asarray(jax.random.key_data(key)).tolist(),
-                key_impl=str(jax.random.key_impl(key)), points=[dict(p) for p in self.points],
+    return dict(tuner=tuner, key=key_digest(key), points=[dict(p) for p in self.points],
                 parameter_shapes=shapes, accounted={k: repr(v) for k, v in sorted(accounted.items())},
                 jaxdp=jaxdp.__version__)
 

@@ -416,7 +416,7 @@ class ResultPool:
       if key in events and r.get("dp_event") != events[key]:
         raise SearchMismatchError(
             f"run directory {self.run_dir!r} holds a different sweep (differs in: dp_event of stored "
-            f"candidate {r['id']}; " + _difference(f"its grid point {key}", r.get("dp_event", _ABSENT),
+            f"a candidate; " + _difference(f"its grid point {key}", r.get("dp_event", _ABSENT),
                                                    events[key])
             + "); its score was computed by another mechanism than the one accounted now; use a "
             "new directory, or delete this one to start over")

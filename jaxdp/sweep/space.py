@@ -198,6 +198,15 @@ def point_hash(point: Mapping[str, Any]) -> tuple:
   return int.from_bytes(digest[0:4], "big"), int.from_bytes(digest[4:8], "big")
 
 
+def key_digest(key: jax.Array) -> str:
+  """sha256 of a PRNG key's implementation and raw bits: what a run directory records of a
+  search's key, so that a resume with another key is refused, with neither the key on disk nor
+  its bits in a message."""
+  words = np.asarray(jax.random.key_data(key), np.uint32)
+  return hashlib.sha256(str(jax.random.key_impl(key)).encode() + words.astype(">u4").tobytes()
+                        ).hexdigest()
+
+
 def candidate_key(point: Mapping[str, Any], seed: int) -> jax.Array:
   """The PRNG key of grid point `point` trained with the public replicate `seed` (a
   `grid_candidates` pool; a private search draws its candidates' keys from its own key).

@@ -612,9 +612,13 @@ def output(state: LoopState) -> LoopOutput:
 _STATE_SHAPES = LruCache(32)
 
 
-def empty_state(spec: LoopSpec, train: PyTree, rows: Optional[int] = None) -> LoopState:
+def empty_state(spec: LoopSpec, train: PyTree, rows: Optional[int] = None,
+                key_dtype=None) -> LoopState:
   """A `LoopState` of zeros shaped like a candidate's (a leading axis of `rows` if given): what
-  `run_segment` takes with `fresh` (traced once per spec, for its shapes)."""
+  `run_segment` takes with `fresh` (traced once per spec and PRNG implementation, for its
+  shapes: the noise key in the state is as wide as the candidate's key, `key_dtype`, by default
+  the default implementation's)."""
+  key_dtype = jax.random.key(0).dtype if key_dtype is None else key_dtype
   def shapes():
     scalar = jax.ShapeDtypeStruct((), jnp.float32)
     plan = jax.tree.map(lambda _: scalar, DpSgdPlan(
@@ -622,10 +626,10 @@ def empty_state(spec: LoopSpec, train: PyTree, rows: Optional[int] = None) -> Lo
         num_steps=spec.num_steps, num_examples=spec.num_examples))
     traced = {name: scalar for name in spec.traced_names}
     return jax.eval_shape(functools.partial(start_candidate, spec), plan, traced,
-                          jax.ShapeDtypeStruct((), jax.random.key(0).dtype), abstract(train))
+                          jax.ShapeDtypeStruct((), key_dtype), abstract(train))
   lead = () if rows is None else (rows,)
   return jax.tree.map(lambda x: np.zeros(lead + tuple(x.shape), x.dtype),
-                      _STATE_SHAPES.get_or_build((spec, structure(train)), shapes))
+                      _STATE_SHAPES.get_or_build((spec, structure(train), str(key_dtype)), shapes))
 
 
 class Programs(NamedTuple):

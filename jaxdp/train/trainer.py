@@ -158,7 +158,8 @@ def run_planned(run: RunPlan, data: Dataset, key: jax.Array, *,
   train, test, validation = device_splits(data)
   # The program every run executes (the engine's too), here in one segment from step 0.
   args = (run.dp_plan, traced_hparams(run.spec, run.config), key, train, test, validation, run.initial,
-          empty_state(run.spec, data.train), np.bool_(True), np.int32(run.spec.num_steps))
+          empty_state(run.spec, data.train, key_dtype=key.dtype), np.bool_(True),
+          np.int32(run.spec.num_steps))
   executable, compile_s = compile_cached(segment, args)
   state, (score, test_score, test_loss) = executable(*args)
   out = output(state)

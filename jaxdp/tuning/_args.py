@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import warnings
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -141,4 +142,9 @@ def engine_kwargs(kwargs: Mapping[str, Any]) -> dict:
     raise ValueError(f"unknown keyword argument(s) {unknown}; the tuners forward only "
                      f"{', '.join(ENGINE_KWARGS)} to jaxdp.sweep.train_candidates")
   engine.check_options(**kwargs)
+  if kwargs.get("on_chunk") is not None:
+    # As `release_all_scores`: what the callback sees is the whole search, not its release.
+    warnings.warn("on_chunk receives every trained candidate and its result (its score, its key "
+                  "or seed, and so how many there are): none of it is covered by the reported "
+                  "epsilon; keep what it sees as secret as the data", stacklevel=4)
   return dict(kwargs)

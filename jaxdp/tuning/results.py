@@ -48,7 +48,7 @@ ARRAYS = "arrays.npz"
 FORMAT = "jaxdp-release-1"
 
 
-@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+@dataclasses.dataclass(frozen=True, eq=False, repr=False, slots=True)
 class Unreleased:
   """What a search computed that its epsilon does NOT cover: never publish any of it.
 

@@ -168,11 +168,16 @@ def _in_chunks(name, fn, key_data: np.ndarray, impl) -> Any:
 
   Compiled once per `name` for chunks of `_CHUNK` keys, the padding rows
   copies, computed and dropped; a lone key (one search) runs op by op, as
-  compiling would cost it more than it saves.
+  compiling would cost it more than it saves. Only threefry's random
+  functions are defined key by key under `vmap`; other implementations (rbg)
+  run key by key, so every search gets the bits it gets alone.
   """
   n = key_data.shape[0]
-  if n == 1:
-    return _as_data(fn(jax.random.wrap_key_data(key_data[0], impl=impl)), lambda a: np.asarray(a)[None])
+  if n == 1 or str(impl) != "threefry2x32":
+    outs = [_as_data(fn(jax.random.wrap_key_data(row, impl=impl)), lambda a: np.asarray(a)[None])
+            for row in key_data]
+    leaves = [np.concatenate(a) for a in zip(*[o if isinstance(o, tuple) else (o,) for o in outs])]
+    return leaves[0] if len(leaves) == 1 else tuple(leaves)
   run = _chunk_program(name, fn, impl, _CHUNK)
   parts = []
   for start in range(0, n, _CHUNK):
@@ -564,8 +569,9 @@ def threshold_search(config: Union[TrainConfig, SearchSpace, Callable],
                                    delta=plan.delta, target_epsilon=target_epsilon,
                                    **_function_fields(plan))
   cands, results, chosen = [], [], None
-  # How many candidates it tries is for the data to decide: one bar for the whole search, which
-  # shows the time only (a bar per candidate would count them).
+  # How many candidates it tries is for the data to decide: one bar for the whole search, drawn
+  # when it starts and when it ends, with the time only (a bar per candidate, or a redraw per
+  # candidate in a log, would count them).
   progress = bool(engine_kwargs.pop("progress", False))
   with CandidateStore(plan, run_dir=run_dir, fingerprint=fingerprint, trainer=trainer,
                       engine_kwargs=engine_kwargs) as store, \
@@ -574,7 +580,6 @@ def threshold_search(config: Union[TrainConfig, SearchSpace, Callable],
     for draw_key, stop_key in _threshold_keys(key, max_candidates):
       cands.append(_draw_candidates(plan.space, 1, draw_key)[0])
       results.append(store.train(cands[-1:])[0])  # a stored candidate is read back, not trained
-      bar.refresh()
       # Non-finite counts as the worst (best_index): it never reaches the threshold.
       if math.isfinite(results[-1].score) and results[-1].score >= threshold:
         chosen = len(cands) - 1

@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import sys
 import textwrap
+import warnings
 
 import jax
 import numpy as np
@@ -165,3 +166,73 @@ def test_a_partial_of_a_user_function_is_followed(modules):
   one = functools.partial(helper.scale, by=1.0)
   assert function_identity(one) == function_identity(functools.partial(helper.scale, by=1.0))
   assert function_identity(one) != function_identity(functools.partial(helper.scale, by=2.0))
+
+
+# --- What an adversarial review found (issue 42) ---------------------------------------------
+
+
+def test_a_class_based_decorators_state_and_code_are_part_of_it():
+  """A decorator written as a class (`functools.update_wrapper`) holds the noise it adds: the
+  wrapped function alone does not say what runs."""
+  def core(hparams, seed):
+    return 0.5, np.ones(3)
+
+  class WithNoise:
+    def __init__(self, fn, noise):
+      functools.update_wrapper(self, fn)
+      self.noise = noise
+
+    def __call__(self, hparams, seed):
+      score, w = self.__wrapped__(hparams, seed)
+      return score, w + np.random.default_rng(seed).normal(0, self.noise, 3)
+  assert function_identity(WithNoise(core, 0.0)) != function_identity(WithNoise(core, 1.0))
+  assert function_identity(WithNoise(core, 1.0)) == function_identity(WithNoise(core, 1.0))
+
+
+def test_values_held_by_library_callables_are_part_of_it():
+  """A library's code is recorded by name, what it holds by value: an optax transformation's
+  closures, a bound method's generator, a C object's state."""
+  import random  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  import optax.contrib  # pylint: disable=g-import-not-at-top
+
+  def reads(value):
+    return function_identity(lambda hparams, seed: (value, None))
+  with warnings.catch_warnings():  # optax renames dpsgd's `seed`, by version
+    warnings.simplefilter("ignore", DeprecationWarning)
+    noiseless, noisy = (optax.contrib.dpsgd(0.1, 1.0, sigma, 0) for sigma in (0.0, 1.0))
+  for one, other in [(noiseless, noisy),  # its noise multiplier, in its closures
+                     (optax.sgd(0.1), optax.sgd(0.2)),
+                     (np.random.default_rng(0).normal, np.random.default_rng(1).normal),
+                     (random.Random(0), random.Random(1))]:
+    assert reads(one) != reads(other)
+  assert reads(optax.sgd(0.1)) == reads(optax.sgd(0.1)) and UNIDENTIFIED not in reads(optax.sgd(0.1))
+
+
+@pytest.mark.parametrize("body", ["globals()['LR']", "getattr(cfg, 'L' + 'R')", "eval('LR')",
+                                  "sys.modules[__name__].LR", "vars(cfg)['LR']"])
+def test_code_that_looks_names_up_as_it_runs_is_never_resumed(modules, body):
+  modules("cfg_dynamic", "LR = 0.1\n")
+  train = modules("train_dynamic", f"import sys\nimport cfg_dynamic as cfg\nLR = 0.1\n\n"
+                                   f"def train_fn(hparams, seed):\n  return {body}, None\n")
+  identity = function_identity(train.train_fn)
+  assert UNIDENTIFIED in identity and "looks names up as it runs" in identity[UNIDENTIFIED]
+  assert function_identity(train.train_fn)["nonce"] != identity["nonce"]  # never the same twice
+
+
+def test_a_functions_own_attributes_and_names_set_on_builtins_are_part_of_it():
+  import builtins  # pylint: disable=g-import-not-at-top
+
+  def train(hparams, seed):
+    return train.lr * JAXDP_TEST_SCALE, None  # pylint: disable=undefined-variable
+  train.lr = 0.1
+  builtins.JAXDP_TEST_SCALE = 1.0
+  try:
+    before = function_identity(train)
+    train.lr = 0.2
+    assert function_identity(train) != before
+    train.lr = 0.1
+    builtins.JAXDP_TEST_SCALE = 2.0
+    assert function_identity(train) != before
+  finally:
+    del builtins.JAXDP_TEST_SCALE

@@ -286,3 +286,49 @@ def test_a_candidates_key_is_split_from_the_search_key_with_all_its_bits(base_co
   other = jax.random.wrap_key_data(np.asarray(jax.random.key_data(key)) ^ np.uint32(1), impl=impl)
   others = search.draw_search(space, acc.Fixed(40), other)
   assert not {c.key_data for c in cands} & {c.key_data for c in others}
+
+
+# --- What an adversarial review found ---------------------------------------------------------
+
+
+def test_a_run_dir_mismatch_names_no_key_bit_nor_a_value_the_function_reads(tmp_path):
+  """The manifest records the key's digest and the function's identity's digest: a refusal
+  says what differs without printing the secret key or private values a function reads."""
+  secret = [120500.75, 7.5]
+  key = jax.random.wrap_key_data(np.array([123456789, 987654321], np.uint32))
+
+  def train(hparams, seed):
+    return secret[0] * 0.0 + 0.5, None
+  args = dict(repetitions=acc.Fixed(1), dp_event=ex.dp_event, run_dir=str(tmp_path))
+  random_search(train, GRID, key=key, **args)
+  with pytest.raises(SearchMismatchError) as err:
+    random_search(train, GRID, key=jax.random.key(1), **args)
+  assert "123456789" not in str(err.value) and "987654321" not in str(err.value)
+  secret[0] = 99999.0  # what train reads changed: refused, without either value in the message
+  with pytest.raises(SearchMismatchError, match="train_fn") as err:
+    random_search(train, GRID, key=key, **args)
+  assert "120500" not in str(err.value) and "99999" not in str(err.value)
+  manifest = open(os.path.join(tmp_path, "manifest.json")).read()
+  assert "120500" not in manifest and "123456789" not in manifest
+
+
+def test_a_task_search_trains_with_an_rbg_key(base_config, digits, two_devices):
+  """Candidate keys take the search key's implementation: the engine's state holds rbg's
+  four-word keys (it assumed threefry's two, and failed exactly when K >= 1)."""
+  res = random_search(base_config, {"learning_rate": [1.0]}, digits, repetitions=acc.Fixed(1),
+                      key=jax.random.key(0, impl="rbg"), devices=two_devices[:1])
+  assert res.hyperparameters == {"learning_rate": 1.0} and math.isfinite(res.score)
+
+
+def test_on_chunk_warns_that_it_sees_the_whole_search():
+  seen = []
+  with pytest.warns(UserWarning, match="on_chunk receives every trained candidate"):
+    random_search(ex.train_fn, GRID, repetitions=acc.Fixed(2), key=jax.random.key(0),
+                  dp_event=ex.dp_event, on_chunk=seen.extend)
+  assert len(seen) == 2 and "seed" not in repr(seen[0][1])  # a result's repr holds no seed
+
+
+def test_unreleased_has_no_instance_dict_to_serialise_by_accident(function_search):
+  first, _, _ = function_search
+  with pytest.raises(AttributeError):
+    json.dumps(first, default=lambda o: o.__dict__)  # a common idiom: fails, never leaks
