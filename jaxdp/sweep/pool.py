@@ -415,8 +415,8 @@ class ResultPool:
       key = point_key(point) if isinstance(point, Mapping) and point else None
       if key in events and r.get("dp_event") != events[key]:
         raise SearchMismatchError(
-            f"run directory {self.run_dir!r} holds a different sweep (differs in: dp_event of stored "
-            f"a candidate; " + _difference(f"its grid point {key}", r.get("dp_event", _ABSENT),
+            f"run directory {self.run_dir!r} holds a different sweep (differs in: dp_event of a stored "
+            f"candidate; " + _difference(f"its grid point {key}", r.get("dp_event", _ABSENT),
                                                    events[key])
             + "); its score was computed by another mechanism than the one accounted now; use a "
             "new directory, or delete this one to start over")

@@ -79,7 +79,7 @@ def test_the_mechanism_is_recorded_per_point_and_a_change_is_refused(tmp_path):
 def test_a_record_whose_event_is_not_its_points_is_refused(tmp_path):
   with ResultPool(tmp_path, FP, mechanism={"dp_events": {'{"lr":1}': "Gaussian(1.0)"}}) as pool:
     pool.append([{"id": "c1", "point": {"lr": 1}, "dp_event": "Gaussian(9.0)"}])
-  with pytest.raises(SearchMismatchError, match=r"dp_event of stored candidate c1; .*stored "
+  with pytest.raises(SearchMismatchError, match=r"dp_event of a stored candidate; .*stored "
                                                 r"'Gaussian\(9.0\)', now 'Gaussian\(1.0\)'"):
     ResultPool(tmp_path, FP, read_only=True)
 
