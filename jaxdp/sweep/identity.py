@@ -43,17 +43,24 @@ import ast
 import builtins
 import collections
 import collections.abc
+import dis
 import functools
 import hashlib
+import importlib.machinery
 import inspect
+import io
 import json
+import logging
 import os
 import pickle
+import socket
 import sys
 import sysconfig
 import textwrap
+import threading
 import types
 import uuid
+import weakref
 from typing import Any, Callable, Mapping, Optional
 
 import jax
@@ -96,7 +103,10 @@ def function_name(fn: Callable) -> str:
 
 
 def _name(obj) -> str:
-  return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+  """`obj`'s module.qualname, or its type's: never its repr (a repr may show private values)."""
+  if not hasattr(obj, "__qualname__"):
+    obj = type(obj)
+  return f"{getattr(obj, '__module__', '?')}.{obj.__qualname__}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,19 +199,23 @@ def _identity(fn, depth: int, memo: dict) -> dict:
   if function:
     out["code_sha256"] = _code_digest(target.__code__)
     out["held"] = _canonical(_held(target, fn, depth, memo), depth, memo)
-  wrapped = _wrapped(fn)
-  if not function and not inspect.ismethod(fn):
-    if not _library_class(type(fn)):
-      # A user's callable object, a class-based decorator (`__wrapped__`) included: its state
-      # (a decorator's noise, say) and its class's code, besides what it wraps.
-      out["held"] = _canonical(_state(fn), depth, memo)
-      out["class"] = _class(type(fn), depth, memo)
+  obj = not function and not inspect.ismethod(fn)  # a callable object
+  if obj and not _library_class(type(fn)):
+    # A user's callable object, a class-based decorator (`__wrapped__`) included: its state
+    # (a decorator's noise, say) and its class's code, besides what it wraps.
+    out["held"] = _canonical(_state(fn), depth, memo)
+    out["class"] = _class(type(fn), depth, memo)
   if inspect.ismethod(fn) and not _library_class(type(fn.__self__)):
     out["class"] = _class(type(fn.__self__), depth, memo)
+  wrapped = _wrapped(fn)
   if wrapped is not None:
-    # A library's wrapper object (`jax.jit`, `functools.lru_cache`) holds its compiled or cached
-    # state: what it runs is what it wraps.
     out["wraps"] = _identity(wrapped, depth, memo)
+  if obj and _library_class(type(fn)):
+    # A library's wrapper (`jax.custom_vjp`'s `fwd` and `bwd`, `jax.jit`, `lru_cache`): its
+    # public attributes (its private ones are caches and compiled programs), after what it
+    # wraps, so that is recorded as it is alone.
+    out["held"] = _canonical({k: v for k, v in _state(fn).items() if not k.startswith("_")},
+                             depth, memo)
   return out
 
 
@@ -219,6 +233,38 @@ def _code_digest(code: types.CodeType) -> str:
   return digest.hexdigest()
 
 
+def _imports(code: types.CodeType) -> list:
+  """The modules `code` (and the code nested in it) imports as it runs, by their full names."""
+  found = [i.argval for i in dis.get_instructions(code) if i.opname == "IMPORT_NAME"]
+  for const in code.co_consts:
+    if isinstance(const, types.CodeType):
+      found += _imports(const)
+  return sorted(set(found))
+
+
+def _imported(name: str) -> list:
+  """A module a function imports as it runs: a library's by name, the user's by the sha256 of
+  its source file (found without importing it, nor its packages: the same whether the function
+  has run yet or not)."""
+  module = sys.modules.get(name)
+  if module is not None:
+    origin = getattr(module, "__file__", None)
+  else:
+    path, spec = None, None
+    for part in name.split("."):
+      spec = importlib.machinery.PathFinder.find_spec(part, path)
+      if spec is None:
+        raise _Unreadable(f"it imports {name!r}, which cannot be found without importing it")
+      path = spec.submodule_search_locations
+    origin = spec.origin if spec.has_location else None
+  if _library_file(origin) or (origin is None and name.split(".")[0] in sys.builtin_module_names):
+    return ["module", name]
+  if origin is None:
+    raise _Unreadable(f"it imports {name!r}, which has no source file to record")
+  with open(origin, "rb") as f:
+    return ["module-source", name, hashlib.sha256(f.read()).hexdigest()]
+
+
 def _names(code: types.CodeType) -> set:
   """Every global and attribute name `code` (and the code nested in it) names."""
   names = set(code.co_names)
@@ -230,7 +276,7 @@ def _names(code: types.CodeType) -> set:
 
 #: Names through which code reads what its names do not say: what it reads cannot be recorded.
 _DYNAMIC = frozenset({"globals", "locals", "vars", "eval", "exec", "__import__", "import_module",
-                      "__dict__"})
+                      "__dict__", "resolve_name", "getmembers", "attrgetter"})
 #: The builtins as jaxdp found them: a name added to `builtins` later is a value, read as a global.
 _BUILTINS = frozenset(vars(builtins))
 
@@ -240,7 +286,7 @@ def _dynamic_reads(function, names: set) -> list:
   `sys.modules`, and `getattr` with a computed name (from its source; without source, any
   `getattr`)."""
   found = sorted(names & _DYNAMIC)
-  if "modules" in names and function.__globals__.get("sys") is sys:
+  if "modules" in names and any(function.__globals__.get(n) is sys for n in names):
     found.append("sys.modules")
   if "getattr" in names and "getattr" not in function.__globals__:
     try:
@@ -278,9 +324,7 @@ def _held(function, fn, depth: int, memo: dict) -> list:
   reads = {}
   for name in sorted(names & set(function.__globals__)):
     value = function.__globals__[name]
-    if isinstance(value, types.ModuleType):
-      reads[name] = _module_reads(value, names, depth, memo)
-    elif isinstance(value, type) and _library_class(value):  # `Lib.attr`: what it names, now
+    if isinstance(value, type) and _library_class(value):  # `Lib.attr`: what it names, now
       reads[name] = ["class", _name(value), {attr: _canonical(vars(value)[attr], depth, memo)
                                               for attr in sorted(names & set(vars(value)))
                                               if not callable(vars(value)[attr])}]
@@ -289,6 +333,8 @@ def _held(function, fn, depth: int, memo: dict) -> list:
   for name in sorted(names - set(function.__globals__) - _BUILTINS):
     if hasattr(builtins, name):  # set on `builtins` after jaxdp was imported: a global value
       reads[name] = getattr(builtins, name)
+  for name in _imports(function.__code__):  # `import cfg` inside the function
+    reads[f"import {name}"] = _imported(name)
   instance = fn.__self__ if inspect.ismethod(fn) else None
   held = [cells, function.__defaults__, function.__kwdefaults__, reads,
           None if instance is None else _state(instance)]
@@ -300,39 +346,33 @@ def _library_held(value, depth: int, memo: dict) -> list:
   """What a library's callable holds besides its code (recorded by name): a function's closure
   cells and defaults (`optax.contrib.dpsgd(noise_multiplier=...)`'s closures), a bound method's
   instance, a callable object's attributes (or, for a C object, its pickle)."""
-  if depth < 0:
-    raise _Unreadable(f"it reaches library code more than {DEPTH} calls deep ({function_name(value)})")
   if inspect.isfunction(value):
-    return _canonical([_cells(value), value.__defaults__, value.__kwdefaults__], depth - 1, memo)
+    return _canonical([_cells(value), value.__defaults__, value.__kwdefaults__], depth, memo)
   owner = getattr(value, "__self__", None)
   if inspect.ismethod(value) or inspect.isbuiltin(value):
     if owner is None or isinstance(owner, types.ModuleType):
       return []
-    held = _canonical(owner, depth - 1, memo)
-    return [held, _library_held(value.__func__, depth - 1, memo)] if inspect.ismethod(value) else [held]
+    held = _canonical(owner, depth, memo)
+    return [held, _library_held(value.__func__, depth, memo)] if inspect.ismethod(value) else [held]
   if isinstance(value, (types.MethodWrapperType, types.WrapperDescriptorType,
                         types.MethodDescriptorType)):
     return []
-  return _object_state(value, depth - 1, memo)
+  return _object_state(value, depth, memo)
 
 
-def _module_reads(module: types.ModuleType, names: set, depth: int, memo: dict) -> list:
-  """A module a function reads: a library's by name; the user's by the values of the attributes
-  the function names (`config.LR`, `config.train.lr`), read now."""
+def _module(module: types.ModuleType, depth: int, memo: dict) -> list:
+  """A module, however it is reached (a global, a local import, a default, a partial's argument,
+  a helper's): a library's by name; the user's by its whole namespace, read now. Whole, because
+  the code that reads it may be elsewhere (`helper(cfg)` reading `cfg.LR`): safe, at the price
+  that changing any of its values refuses a resume."""
   if _library_module(module.__name__):
     return ["module", module.__name__]
   key = ("module", id(module))
-  if key in memo:
-    return ["module", module.__name__, "ref"]
+  if key in memo and memo[key][1] is module:
+    return ["module-ref", memo[key][0]]
   memo[key] = (len(memo), module)
-  attrs = {}
-  for name in sorted(names):
-    if name.startswith("__") or not hasattr(module, name):
-      continue
-    value = getattr(module, name)
-    attrs[name] = (_module_reads(value, names, depth, memo) if isinstance(value, types.ModuleType)
-                   else _canonical(value, depth, memo))
-  return ["module", module.__name__, attrs]
+  return ["module", module.__name__, [[name, _canonical(value, depth, memo)] for name, value
+                                      in sorted(vars(module).items()) if not name.startswith("__")]]
 
 
 def _state(obj, skip=()) -> dict:
@@ -389,7 +429,9 @@ def _canonical(value: Any, depth: int, memo: dict):
   if isinstance(value, float):
     return repr(value)
   if isinstance(value, types.ModuleType):
-    return ["module", value.__name__]
+    return _module(value, depth, memo)
+  if value is sys.modules:
+    raise _Unreadable("it reads sys.modules: which modules it finds there cannot be recorded")
   if isinstance(value, type):
     if _library_class(value):
       return ["class", _name(value)]
@@ -404,17 +446,23 @@ def _canonical(value: Any, depth: int, memo: dict):
            [_canonical(v, depth, memo) for v in value] if items is None else
            [[_canonical(k, depth, memo), _canonical(v, depth, memo)] for k, v in items]]
     extra = _state(value)  # a subclass's own attributes (a dict subclass's `lr`)
+    if isinstance(value, collections.defaultdict):
+      extra["default_factory"] = value.default_factory
     return out + [_canonical(extra, depth, memo)] if extra else out
   if isinstance(value, (set, frozenset)):  # iteration order follows the process's hash seed
     return ["set", sorted(json.dumps(_canonical(v, depth, memo), sort_keys=True) for v in value)]
   if isinstance(value, (np.ndarray, np.generic, jax.Array)):
     return _array(value, depth, memo)
   if callable(value):
-    return ["function", _identity(value, depth - 1, memo)]
+    # Depth counts the user's code reaching code; what library code holds is data (its cycles
+    # end at `memo`).
+    return ["function", _identity(value, depth if _library_callable(value) else depth - 1, memo)]
   if hasattr(value, "__array__"):  # a PyTorch tensor, ...: by its values where it gives them
     array = _as_array(value)
     if array is not None and array.dtype.kind != "O":
       return ["array", str(array.dtype), list(array.shape), _bytes_digest(array)]
+  if isinstance(value, logging.Logger):  # by name: its manager holds every logger of the process
+    return ["logger", value.name]
   if inspect.isgenerator(value) or isinstance(value, collections.abc.Iterator):
     raise _Unreadable(f"it holds a {type(value).__name__}, whose values cannot be read without "
                       "consuming them")
@@ -450,12 +498,23 @@ def _c_base(cls: type) -> bool:
   return False
 
 
+#: Resources, not values: recorded by their type (a lock, a file, a socket, a logger's stream, a
+#: weak reference: what it refers to is recorded where it is held).
+_RESOURCES = (io.IOBase, type(threading.Lock()), type(threading.RLock()), socket.socket,
+              weakref.ReferenceType, weakref.ProxyType, weakref.CallableProxyType)
+
+
 def _pickled(value) -> list:
   name = _name(type(value))
+  if isinstance(value, _RESOURCES):
+    return ["type", name]
+  if isinstance(value, memoryview):
+    return ["bytes", _bytes_digest(np.frombuffer(value.tobytes(), np.uint8))]
   try:
     return ["pickle", name, hashlib.sha256(pickle.dumps(value, protocol=4)).hexdigest()]
-  except Exception:  # pylint: disable=broad-except
-    return ["type", name]
+  except Exception as err:  # pylint: disable=broad-except
+    raise _Unreadable(f"it holds a {name} that can be neither read nor pickled "
+                      f"({type(err).__name__})") from None
 
 
 def _as_array(value) -> Optional[np.ndarray]:

@@ -104,8 +104,17 @@ def _short(value) -> str:
   return text if len(text) <= _SHORT else text[:_SHORT] + "..."
 
 
+#: Fingerprint fields whose values a mismatch message never shows: the search key's digest (a
+#: seed's is found by trying seeds) and a function's identity's (it digests the values the
+#: function reads, which may be private).
+SECRET_FIELDS = frozenset({"key", "train_fn", "dp_event"})
+
+
 def _difference(path: str, stored, now) -> str:
-  """'path[...]: stored X, now Y' at the first place two JSON values differ."""
+  """'path[...]: stored X, now Y' at the first place two JSON values differ ('path: differs'
+  for a `SECRET_FIELDS` path)."""
+  if path in SECRET_FIELDS:
+    return f"{path}: differs (its digests are not shown)"
   if isinstance(stored, dict) and isinstance(now, dict):
     for k in sorted(set(stored) | set(now), key=str):
       a, b = stored.get(k, _ABSENT), now.get(k, _ABSENT)
@@ -381,11 +390,10 @@ class ResultPool:
       if clash:
         diff.append(part)
         first = clash[0]
-        if part == "programs":  # 64 hex digits say nothing more than 16 do
-          detail = (f"programs at grid point {first}: stored sha256 {old[first][:16]}..., now "
-                    f"{new[first][:16]}... (the task's code as traced: model, loss, score, "
-                    "optimizer, clipping path or trainable set; or a training function's name "
-                    "or source)")
+        if part == "programs":  # digests of what the code reads: never shown
+          detail = (f"programs at grid point {first}: differ (the task's code as traced: model, "
+                    "loss, score, optimizer, clipping path or trainable set; or a training "
+                    "function's code or what it reads)")
         else:
           detail = _difference(f"{part} at grid point {first}", old[first], new[first])
         details.append(detail + (f" (and {len(clash) - 1} more point(s))" if len(clash) > 1 else ""))
