@@ -9,17 +9,18 @@ user wrote or set. Per layer (a `functools.partial`, a wrapper with
 the function itself):
 
   - a function: its module and name, the sha256 of its source and of its
-    bytecode (two lambdas on one line differ), its closure cells, defaults
-    and the globals it reads; a global module of the user's is recorded by
-    the attributes the function names (`config.LR`), a library module by
-    its name;
+    bytecode (two lambdas on one line differ), its closure cells, defaults,
+    own attributes, the globals it reads and the modules it imports as it
+    runs (a module of the user's by its source file's sha256);
   - a bound method: its function and its instance;
   - a callable object: its attributes and slots, and its class;
   - a class of the user's (a callable object's, a value's, a global's): every
     method's identity (`__call__` included, so a monkeypatched or
     source-less class, as in a notebook cell or `exec`, is told apart) and
     its other class attributes, through its bases;
-  - a partial: its function and its bound arguments.
+  - a partial: its function and its bound arguments;
+  - a module of the user's, however it is reached (a global, a default, a
+    partial's argument): its whole namespace; a library module by name.
 
 Values are recorded by content: arrays by their bytes, containers by their
 items (sets sorted, cycles as references), objects by their class and
