@@ -14,7 +14,7 @@ the best of K of them, accounted by method "best".
 Each measurement is a fresh interpreter (nothing cached from an earlier
 one), timed from after its imports and after building the task and data:
 
-calibrate_seconds: `jaxdp.tuning.planning.calibrate_noise` alone (what
+calibrate_seconds: `jaxdp.tuning.planning.calibrate` alone (what
   `target_epsilon=` runs before anything trains): `sigma` is its answer.
 dry_run_seconds: the whole `jaxdp.tuning.dry_run(..., target_epsilon=3.0)`
   (argument and task checks, the calibration, the re-accounting of the
@@ -100,22 +100,21 @@ def _child(part: str) -> dict:
   # pylint: disable=g-import-not-at-top
   import jaxdp
   from jaxdp import accounting as acc
-  from jaxdp.sweep.space import SearchSpace
   from jaxdp.tuning import dry_run, planning
 
-  config, grid, data, repetitions = _search()
-  outer = lambda candidate: acc.RepeatAndSelect(candidate, repetitions)
+  config, grid, data, distribution = _search()
+  outer = lambda candidate: acc.RepeatAndSelect(candidate, distribution)
   if part == "calibrate":
-    space = SearchSpace(config, grid)
     t0 = time.perf_counter()
-    sigma = planning.calibrate_noise(space, data.num_examples, outer, target_epsilon=TARGET_EPSILON, delta=DELTA)
+    sigma = planning.calibrate(config, grid, data, outer, target_epsilon=TARGET_EPSILON, delta=DELTA)
     seconds = time.perf_counter() - t0
     # Every grid point has the same event (the grid varies neither q, steps nor the score).
     event = outer(config.replace(noise_multiplier=sigma).dp_event(data.num_examples))
     out = {"sigma": sigma, "epsilon": acc.epsilon(event, DELTA, "best")}
   else:
     t0 = time.perf_counter()
-    plan = dry_run(config, grid, data, repetitions=repetitions, target_epsilon=TARGET_EPSILON, delta=DELTA)
+    plan = dry_run(config, grid, data, distribution=distribution, target_epsilon=TARGET_EPSILON,
+                   target_delta=DELTA)
     seconds = time.perf_counter() - t0
     out = {"sigma": plan.noise_multiplier, "epsilon": plan.epsilon}
   return {"seconds": seconds, **out, "jaxdp": os.path.dirname(os.path.abspath(jaxdp.__file__))}

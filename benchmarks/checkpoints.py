@@ -17,8 +17,8 @@ noise, and one compilation serves all.
 Warm-up (untimed, `warm_up_seconds`): a run killed at its first checkpoint
 compiles the program (`compile_seconds`, the engine's own measurement) and
 imports and warms orbax. Each candidate's plan
-(`SearchPlan`) is built once, outside the timed runs, as a tuner builds its
-search's; so is its first `SearchPlan.identity` (`identity_seconds`: it
+(`TaskPlan`) is built once, outside the timed runs, as a tuner builds its
+search's; so is its first `TaskPlan.identity` (`identity_seconds`: it
 traces the program for its digest; a durable search pays it once, when it
 opens its run_dir). A timed run is the whole `train_candidates` call (wall
 `seconds`, and the process's CPU seconds in `cpu_seconds`, which another job
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
 
   from benchmarks._data import mnist_sized  # pylint: disable=g-import-not-at-top
   from jaxdp.experiments import fig7  # pylint: disable=g-import-not-at-top
-  from jaxdp.sweep import Candidate, SearchPlan, checkpoints, engine  # pylint: disable=g-import-not-at-top
+  from jaxdp.sweep import Candidate, TaskPlan, checkpoints, engine  # pylint: disable=g-import-not-at-top
   from jaxdp.train import ExecutionConfig  # pylint: disable=g-import-not-at-top
 
   shape = (args.image_size, args.image_size, 1)
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     if every not in plans:
       config = base.replace(execution=ExecutionConfig(checkpoint_every=every))
       candidate = Candidate({"learning_rate": profile.learning_rates[0]}, config, 0)
-      plan = SearchPlan.for_candidates([candidate], data)
+      plan = TaskPlan.for_candidates([candidate], data)
       began = time.perf_counter()
       plan.identity(candidate)
       identity_seconds.append(time.perf_counter() - began)

@@ -1,7 +1,8 @@
 """Where a search's configuration travels: the walk of `config` through jaxdp's modules.
 
-Runs one durable `random_search(config, grid, data, ..., run_dir=...)` (the
-README's MLP on scikit-learn's breast-cancer data) under `sys.setprofile` and
+Runs one durable `random_search(config, grid, data, ...,
+run_config=RunConfig(run_dir=...))` (the README's MLP on scikit-learn's
+breast-cancer data) under `sys.setprofile` and
 records every call of a jaxdp function that receives the configuration: a
 `TrainConfig`, or an object holding one (a `SearchSpace`, a candidate, a plan,
 a sequence of them) as an argument other than `self` (a method answering about
@@ -33,7 +34,7 @@ import jaxdp
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
 from jaxdp.train import Task, TrainConfig
-from jaxdp.tuning import random_search
+from jaxdp.tuning import RunConfig, random_search
 
 #: Import layers, lowest first (a dependency points to a lower layer).
 LAYERS = {"_validate": 0, "_cache": 0, "data": 0, "accounting": 1, "models": 1, "train": 2,
@@ -98,7 +99,8 @@ def main() -> None:
     name = code.co_name
     if name in ("check_data", "check_initial_params"):
       counts[name] += 1
-    if name == "from_config" and "program.py" in code.co_filename:
+    # `LoopSpec` lived in train/program.py before it moved to train/loop_spec.py.
+    if name == "from_config" and os.path.basename(code.co_filename) in ("program.py", "loop_spec.py"):
       counts["LoopSpec.from_config"] += 1
     names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
     # A method of an object answering about itself (config.num_steps_for, candidate.id) is not
@@ -110,8 +112,8 @@ def main() -> None:
   with tempfile.TemporaryDirectory() as run_dir:
     sys.setprofile(profile)
     try:
-      random_search(config, grid, data, repetitions=acc.Poisson(mean=2), key=jax.random.key(1),
-                    run_dir=run_dir, initial_params=None)
+      random_search(config, grid, data, distribution=acc.Poisson(mean=2), key=jax.random.key(1),
+                    run_config=RunConfig(run_dir=run_dir), initial_params=None)
     finally:
       sys.setprofile(None)
   stays = [m for i, m in enumerate(walk) if i == 0 or walk[i - 1] != m]

@@ -79,7 +79,7 @@ def _measure(path: str, batch: int, model_name: str, width: int, image_size: int
   import optax  # pylint: disable=g-import-not-at-top
 
   from jaxdp.models import get_model  # pylint: disable=g-import-not-at-top
-  from jaxdp.train import DpSgdPlan, ghost, microbatching  # pylint: disable=g-import-not-at-top
+  from jaxdp.train import DpSgdPlan, ghost_analysis, microbatching  # pylint: disable=g-import-not-at-top
 
   class WideMLP(nn.Module):
     @nn.compact
@@ -101,7 +101,8 @@ def _measure(path: str, batch: int, model_name: str, width: int, image_size: int
   data = (jax.random.normal(jax.random.key(1), (batch,) + shape), jnp.arange(batch) % NUM_CLASSES)
   micro, method = batch, METHODS.get(path)
   if method is not None:  # the library's own microbatch, as train_candidate picks it
-    split = None if method == "vmap" else ghost.ghost_layers(loss_fn, params, data, auto=method == "auto")
+    split = (None if method == "vmap"
+             else ghost_analysis.ghost_layers(loss_fn, params, data, auto=method == "auto"))
     micro = microbatching.microbatch_size_for(loss_fn, params, data, without=split.ghost_leaves if split else (),
                                               extra=split.norm_bytes if split else 0)
   plan = DpSgdPlan(l2_clip_norm=L2_CLIP_NORM, noise_multiplier=NOISE_MULTIPLIER, sampling_prob=1.0,

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxdp.data import DataSplit
-from jaxdp.train import DpSgdPlan, ghost, microbatching, presets
+from jaxdp.train import DpSgdPlan, ghost_analysis, microbatching, presets
 
 HPARAMS = dict(model="papernot_steinke_cnn", activation="tanh", learning_rate=0.1)
 
@@ -68,7 +68,8 @@ def _steps(conv_impl: str, batch: int, microbatch: int | None, image_size: int, 
   data = DataSplit(x, jnp.arange(batch) % 10)
   params = jax.jit(model.init)(jax.random.key(2), x[:1])
   if microbatch is None:  # what the trainer picks for a padded batch of this size
-    split = None if clipping == "vmap" else ghost.ghost_layers(loss_fn, params, data, auto=clipping == "auto")
+    split = (None if clipping == "vmap"
+             else ghost_analysis.ghost_layers(loss_fn, params, data, auto=clipping == "auto"))
     microbatch = microbatching.microbatch_size_for(loss_fn, params, data,
                                                    without=split.ghost_leaves if split else (),
                                                    extra=split.norm_bytes if split else 0)

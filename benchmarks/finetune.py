@@ -45,7 +45,7 @@ def _measure(which: str, args) -> dict:
   import optax  # pylint: disable=g-import-not-at-top
 
   from jaxdp.data import load_dataset  # pylint: disable=g-import-not-at-top
-  from jaxdp.train import LoopSpec, Task, TrainConfig, program  # pylint: disable=g-import-not-at-top
+  from jaxdp.train import LoopSpec, Task, TrainConfig, loop_spec, program  # pylint: disable=g-import-not-at-top
   from jaxdp.train import trainable as trainable_lib  # pylint: disable=g-import-not-at-top
 
   width = args.width
@@ -70,8 +70,8 @@ def _measure(which: str, args) -> dict:
   train = jax.tree.map(jnp.asarray, data.train)
   params = program.init_params(spec, jax.random.key(0), train)
   loop = jax.jit(program.build_train_loop(spec))
-  run_args = (params, config.plan(data.num_examples).for_device(), program.traced_hparams(spec, config),
-              jax.random.key(1), train)
+  run_args = (params, config.plan(data.num_examples).for_device(),
+              loop_spec.traced_hparams(spec, config), jax.random.key(1), train)
   start = time.perf_counter()
   compiled = loop.lower(*run_args).compile()
   compile_s = time.perf_counter() - start

@@ -5,7 +5,7 @@ Prints one JSON object. Every path runs the same `random_search` (K fixed,
 finishes) and must release the same hyperparameters:
 
   * `local`: the sweep engine in this process, one candidate per host device;
-  * `ray_one_node`: `train_candidates_ray` on a local Ray instance (one node,
+  * `ray_one_node`: a `RayTrainer` on a local Ray instance (one node,
     one CPU per core, every worker on one host device);
   * `ray_two_nodes`: the same on a two-node cluster on this machine
     (`ray.cluster_utils.Cluster`: two raylets, the cores split between them).
@@ -44,7 +44,7 @@ if "jax" not in sys.modules:  # expose every core as a device before JAX starts
                              + f" --xla_force_host_platform_device_count={_n}").strip()
 
 import argparse  # pylint: disable=g-import-not-at-top,wrong-import-position
-import functools
+import dataclasses
 import json
 import signal
 import subprocess
@@ -56,9 +56,9 @@ import numpy as np
 
 from jaxdp import accounting as acc
 from jaxdp.data import load_dataset
-from jaxdp.sweep import Candidate, engine
+from jaxdp.sweep import Candidate, LocalTrainer, RayTrainer, engine
 from jaxdp.train import TrainConfig, presets
-from jaxdp.tuning import random_search
+from jaxdp.tuning import RunConfig, random_search
 
 KILL_TIMEOUT_S = 600
 # Ray workers train on one host device each (the node's CPUs are the parallelism).
@@ -95,25 +95,26 @@ def _config(args, data, batch: float) -> TrainConfig:
                      hparams=dict(learning_rate=0.5, model=args.model))
 
 
-def _search(args, data, config: TrainConfig, run_dir: str, trainer=None, on_chunk=None):
+def _search(args, data, config: TrainConfig, run_dir: str, trainer):
   """The benchmark's search: K fixed, durable in `run_dir`; (result, wall seconds)."""
   grid = {"learning_rate": list(np.geomspace(0.05, 2.0, max(args.candidates, 2)))}
-  kwargs = {} if on_chunk is None else dict(on_chunk=on_chunk)
   start = time.perf_counter()
   result = random_search(config, grid, data,
-                         repetitions=acc.Fixed(args.candidates), key=jax.random.key(0),
-                         run_dir=run_dir, trainer=trainer, **kwargs)
+                         distribution=acc.Fixed(args.candidates), key=jax.random.key(0),
+                         run_config=RunConfig(run_dir=run_dir, trainer=trainer))
   return result, time.perf_counter() - start
 
 
-def _cold_and_warm(args, data, config: TrainConfig, root: str, name: str, trainer=None) -> dict:
+def _cold_and_warm(args, data, config: TrainConfig, root: str, name: str, trainer) -> dict:
   out, released = {}, []
   for run in ("cold", "warm"):
     compiled = []  # each compilation of the search's program (one per process that trained)
 
     def on_chunk(chunk, compiled=compiled):
       compiled.extend(round(r.compile_time_s, 3) for _, r in chunk if r.compile_time_s > 0)
-    result, seconds = _search(args, data, config, os.path.join(root, f"{name}-{run}"), trainer, on_chunk)
+    # The trainer calls on_chunk (on the driver, for Ray) as each chunk ends.
+    result, seconds = _search(args, data, config, os.path.join(root, f"{name}-{run}"),
+                              dataclasses.replace(trainer, on_chunk=on_chunk))
     released.append(result.hyperparameters)
     out[f"{run}_seconds"] = round(seconds, 3)
     out[f"{run}_candidates_per_hour"] = round(args.candidates / seconds * 3600, 1)
@@ -125,10 +126,9 @@ def _cold_and_warm(args, data, config: TrainConfig, root: str, name: str, traine
 def _ray_paths(args, data, config: TrainConfig, root: str) -> dict:
   import ray  # pylint: disable=g-import-not-at-top
   from ray.cluster_utils import Cluster  # pylint: disable=g-import-not-at-top
-  from jaxdp.sweep.ray_backend import train_candidates_ray  # pylint: disable=g-import-not-at-top
 
   cpus = os.cpu_count() or 1
-  trainer = functools.partial(train_candidates_ray, chunk_size=args.chunk_size)
+  trainer = RayTrainer(chunk_size=args.chunk_size)
   init = dict(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
   out = {}
   ray.init(num_cpus=cpus, **init)
@@ -203,7 +203,7 @@ def _search_only(args, data) -> int:
   import hashlib  # pylint: disable=g-import-not-at-top
   trained = []
   result, seconds = _search(args, data, _config(args, data, args.batch), args.search_only,
-                            on_chunk=lambda chunk: trained.extend(chunk))
+                            LocalTrainer(on_chunk=trained.extend))
   leaves = b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(result.params))
   print(json.dumps({"trained": len(trained), "search_seconds": round(seconds, 3),
                     "released": result.hyperparameters,
@@ -239,7 +239,7 @@ def main(argv=None) -> int:
            "cpu_count": os.cpu_count(), "jax_version": jax.__version__}
     # One config (one Task object) for every search: the local process compiles once.
     config = _config(args, data, args.batch)
-    out["local"] = _cold_and_warm(args, data, config, root, "local")
+    out["local"] = _cold_and_warm(args, data, config, root, "local", LocalTrainer())
     out.update(_ray_paths(args, data, config, root))
     out["same_release"] = (out["local"]["released"] == out["ray_one_node"]["released"]
                            == out["ray_two_nodes"]["released"])

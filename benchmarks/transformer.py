@@ -78,7 +78,7 @@ def _measure(vocab: int, way: str, args) -> dict:
   from jaxdp.data import DataSplit, Dataset  # pylint: disable=g-import-not-at-top
   from jaxdp.models import TransformerClassifier, lora  # pylint: disable=g-import-not-at-top
   from jaxdp.train import ExecutionConfig, LoopSpec, Task, TrainConfig, program  # pylint: disable=g-import-not-at-top
-  from jaxdp.train import noise  # pylint: disable=g-import-not-at-top
+  from jaxdp.train import loop_spec, noise  # pylint: disable=g-import-not-at-top
   from jaxdp.train import trainable as trainable_lib  # pylint: disable=g-import-not-at-top
   from scipy import stats as scipy_stats  # pylint: disable=g-import-not-at-top
 
@@ -102,7 +102,7 @@ def _measure(vocab: int, way: str, args) -> dict:
   train = jax.tree.map(jnp.asarray, data.train)
   params = program.init_params(spec, jax.random.key(0), train)
   loop = jax.jit(program.build_train_loop(spec))
-  dp_args = (params, config.plan(data.num_examples).for_device(), program.traced_hparams(spec, config),
+  dp_args = (params, config.plan(data.num_examples).for_device(), loop_spec.traced_hparams(spec, config),
              jax.random.key(1), train)
   dp = loop.lower(*dp_args).compile()
 
@@ -142,14 +142,14 @@ def _measure(vocab: int, way: str, args) -> dict:
       "expected_rows_per_step": round(float(np.sum(batches.pmf(sizes) * -(-sizes // micro) * micro)), 1),
   }
   breakdown["clip_ratio_at_32_rows"] = round(breakdown["clipped_grad_32_s"] / breakdown["grad_32_s"], 3)
-  paths = program.clipping_paths(spec, train)
+  paths = loop_spec.clipping_paths(spec, train)
   return {
       "vocab": vocab, "way": way,
       "params": sum(int(x.size) for x in jax.tree.leaves(params)),
       "trainable_params": sum(int(x.size) for x in jax.tree.leaves(trained)),
       "dp_step_s": round(dp_s, 5), "non_private_step_s": round(plain_s, 5),
       "ratio": round(dp_s / plain_s, 3),
-      "per_example_bytes": program.per_example_bytes(spec, train),
+      "per_example_bytes": loop_spec.per_example_bytes(spec, train),
       "microbatch_size": spec.microbatch_size, "padded_batch_size": spec.padded_batch_size,
       "dp_compiled_peak_bytes": _peak(dp), "non_private_compiled_peak_bytes": _peak(non_private),
       "clipping": {kind: sum(1 for p in paths if p[1] == kind) for kind in ("ghost", "per-example", "frozen")},

@@ -31,7 +31,7 @@ import numpy as np
 from sklearn.datasets import load_breast_cancer
 
 from jaxdp import accounting as acc
-from jaxdp.tuning import random_search
+from jaxdp.tuning import LocalTrainer, RunConfig, TrainFunction, random_search
 
 #: The declared (public) size of the private training split.
 NUM_EXAMPLES = 400
@@ -115,10 +115,12 @@ def search_main(train, event, grid, argv, *, description: str, target_epsilon: f
   args = parser.parse_args(argv)
   began = time.perf_counter()
   try:
-    result = random_search(train, grid, repetitions=acc.Poisson(mean=args.mean_candidates),
-                           key=jax.random.key(args.seed), dp_event=event, delta=args.delta,
-                           target_epsilon=args.target_epsilon, noise_parameter="noise_multiplier",
-                           run_dir=args.run_dir, progress=True)
+    result = random_search(TrainFunction(train, event, noise_parameter="noise_multiplier"), grid,
+                           distribution=acc.Poisson(mean=args.mean_candidates),
+                           key=jax.random.key(args.seed), target_delta=args.delta,
+                           target_epsilon=args.target_epsilon,
+                           run_config=RunConfig(run_dir=args.run_dir,
+                                                trainer=LocalTrainer(progress=True)))
   except ValueError as err:  # a bad argument: one line naming it, exit code 2
     parser.error(str(err))
   # The release only: K (result.unreleased.num_candidates), the seeds and what was resumed are

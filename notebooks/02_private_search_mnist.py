@@ -82,8 +82,8 @@ print("learning-rate grid:", ", ".join(f"{lr:.3g}" for lr in LEARNING_RATES))
 
 # %%
 K_DIST = acc.Poisson(mean=3 if SMALL else 8)
-result = random_search(config, {"learning_rate": LEARNING_RATES}, data, repetitions=K_DIST,
-                       key=jax.random.key(0), delta=DELTA)
+result = random_search(config, {"learning_rate": LEARNING_RATES}, data, distribution=K_DIST,
+                       key=jax.random.key(0), target_delta=DELTA)
 
 print(result)  # the release only: K and the seeds are not in it
 if result.hyperparameters is None:
@@ -114,15 +114,16 @@ print(acc.report(result.event, delta=DELTA))
 # resumed are in `result.unreleased`, for you, not for publication.
 #
 # The **scores of the other candidates are not released**: they depend on the private data, and
-# the selection theorems cover the best candidate only, not the whole list. (`random_search(...,
-# release_all_scores=True)` would return them, with a warning that publishing them leaks more than
-# the reported ε.)
+# the selection theorems cover the best candidate only, not the whole list. They too are in
+# `result.unreleased` (`all_scores`, in draw order), for you: publishing them leaks more than the
+# reported ε.
 
 # %%
 n_params = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(result.params))
 print("released model parameters:", n_params if result.params is not None else None)
-print("other candidates' scores:", result.unreleased.all_scores)
-assert result.unreleased.all_scores is None
+print("what the release holds:", sorted(result.to_json()))
+assert "all_scores" not in result.to_json() and "num_candidates" not in result.to_json()
+assert len(result.unreleased.all_scores) == result.unreleased.num_candidates
 print(result.unreleased)  # its fields' names only: their values are not for publication
 
 # %% [markdown]

@@ -33,7 +33,8 @@ from matplotlib import ticker
 
 from jaxdp import accounting as acc
 from jaxdp.data import load_dataset
-from jaxdp.sweep import SearchSpace, grid_candidates, run_sweep, simulate, table_from_records
+from jaxdp.sweep import (LocalTrainer, SearchSpace, grid_candidates, run_sweep, simulate,
+                         table_from_records)
 
 DELTA = fig7.DELTA
 print("devices:", jax.devices())
@@ -103,7 +104,7 @@ print(f"{len(space)} grid points x {len(profile.seeds)} seeds = {len(candidates)
 POOL_DIR = os.path.join("runs", f"fig7-{profile.name}")  # relative to the notebook's directory
 fingerprint = {"experiment": "ps_fig7", "profile": dataclasses.asdict(profile),
                "config": repr(config), "num_train": n}
-pool = run_sweep(candidates, data, POOL_DIR, fingerprint, progress=not SMALL)
+pool = run_sweep(candidates, data, POOL_DIR, fingerprint, trainer=LocalTrainer(progress=not SMALL))
 print(f"pool at {POOL_DIR}: {len(pool.records)} trained candidates")
 
 # %% [markdown]

@@ -162,7 +162,7 @@ plt.show()
 # %%
 from jaxdp.data import load_dataset
 from jaxdp.train import TrainConfig, presets
-from jaxdp.tuning import subsampled_search
+from jaxdp.tuning import SubsetTuning, subsampled_search
 
 digits = load_dataset("digits")
 digits_config = TrainConfig(task=presets.classifier(10), l2_clip_norm=1.0, noise_multiplier=1.1,
@@ -173,8 +173,8 @@ grid = {"learning_rate": [0.1, 0.3, 1.0, 3.0]}
 # %%
 variants = (1,) if SMALL else (1, 2)
 for variant in variants:
-    res = subsampled_search(digits_config, grid, digits, q=0.2, variant=variant,
-                            repetitions=acc.Poisson(mean=3 if SMALL else 5), key=jax.random.key(0))
+    res = subsampled_search(digits_config, grid, digits, subset=SubsetTuning(q=0.2, variant=variant),
+                            distribution=acc.Poisson(mean=3 if SMALL else 5), key=jax.random.key(0))
     print(f"variant {variant}: subset of m = {res.subset_size} examples")
     print(f"  selected on the subset: {res.tuned_hyperparameters} (subset-trained accuracy "
           f"{res.tuned_score:.3f})")

@@ -151,7 +151,7 @@ print(f"q = {config.sampling_prob_for(n):.4f}, {config.num_steps_for(n)} DP-SGD 
 GRID = {"learning_rate": [3e-3, 1e-2, 3e-2, 1e-1], "weight_decay": [0.0, 1e-2], "width": [8, 32]}
 K = acc.Poisson(mean=4 if SMALL else 6)
 TARGET_EPSILON = 3.0
-print(dry_run(config, GRID, data, repetitions=K, target_epsilon=TARGET_EPSILON, delta=DELTA))
+print(dry_run(config, GRID, data, distribution=K, target_epsilon=TARGET_EPSILON, target_delta=DELTA))
 
 # %% [markdown]
 # ## 4. The private random search
@@ -162,7 +162,7 @@ print(dry_run(config, GRID, data, repetitions=K, target_epsilon=TARGET_EPSILON, 
 # use is not accounted (`score_source` says so).
 
 # %%
-result = random_search(config, GRID, data, repetitions=K, target_epsilon=TARGET_EPSILON, delta=DELTA,
+result = random_search(config, GRID, data, distribution=K, target_epsilon=TARGET_EPSILON, target_delta=DELTA,
                        key=jax.random.key(0))
 print(f"noise multiplier sigma = {result.noise_multiplier:.3f}")
 print(f"released: {result.hyperparameters}")
@@ -209,7 +209,7 @@ private_task = dataclasses.replace(
     task, score=NoisyMean(lambda logit, batch: (logit > 0) == (batch["y"] > 0.5), low=0.0, high=1.0,
                           noise_multiplier=SCORE_NOISE, num_examples=100))
 private_config = config.replace(task=private_task, noise_multiplier=result.noise_multiplier)
-private_result = random_search(private_config, GRID, data, repetitions=K, delta=DELTA,
+private_result = random_search(private_config, GRID, data, distribution=K, target_delta=DELTA,
                                key=jax.random.key(0))
 print(f"released: {private_result.hyperparameters}")
 print(f"score: {private_result.score:.3f} ({private_result.score_source})")

@@ -161,8 +161,8 @@ def search(name, epsilon, key):
     hparams = {"learning_rate": 0.1, **{k: v[0] for k, v in grid.items()}}
     config = TrainConfig(task=the_task, l2_clip_norm=1.0, noise_multiplier=1.0, batch_size=100,
                          epochs=EPOCHS, hparams=hparams)
-    return random_search(config, {"learning_rate": LEARNING_RATES, **grid}, private, repetitions=K,
-                         target_epsilon=epsilon, delta=DELTA, key=key, initial_params=initial)
+    return random_search(config, {"learning_rate": LEARNING_RATES, **grid}, private, distribution=K,
+                         target_epsilon=epsilon, target_delta=DELTA, key=key, initial_params=initial)
 
 
 results = {}

@@ -88,11 +88,12 @@ def tiny_random_search(digits, base_config, two_devices):
   import warnings  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
-  from jaxdp.tuning import random_search  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning import LocalTrainer, RunConfig, random_search  # pylint: disable=g-import-not-at-top
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    result = random_search(base_config, SEARCH_GRID, digits, repetitions=acc.Poisson(mean=4),
-                           key=jax.random.key(5), devices=two_devices)
+    result = random_search(base_config, SEARCH_GRID, digits, distribution=acc.Poisson(mean=4),
+                           key=jax.random.key(5),
+                           run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)))
   return result, tuple(caught)
 
 
@@ -101,11 +102,13 @@ def tiny_subsampled(digits, base_config, two_devices):
   """`subsampled_search` variant 1 over SEARCH_GRID, q=0.3, K ~ Poisson(3), key 3."""
   import jax  # pylint: disable=g-import-not-at-top
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
-  from jaxdp.tuning import subsampled_search  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning import (LocalTrainer, RunConfig, SubsetTuning,  # pylint: disable=g-import-not-at-top
+                            subsampled_search)
   # One candidate per device: every K reuses one compilation.
-  return subsampled_search(base_config, SEARCH_GRID, digits, repetitions=acc.Poisson(mean=3),
-                           q=0.3, variant=1, key=jax.random.key(3), devices=two_devices,
-                           max_candidates_per_device=1)
+  return subsampled_search(base_config, SEARCH_GRID, digits, distribution=acc.Poisson(mean=3),
+                           subset=SubsetTuning(0.3, 1), key=jax.random.key(3),
+                           run_config=RunConfig(trainer=LocalTrainer(
+                               devices=two_devices, max_candidates_per_device=1)))
 
 
 @pytest.fixture(scope="session")

@@ -67,16 +67,18 @@ from jaxdp.audit.exact import GadgetProfile
 from jaxdp.data import DataSplit, Dataset
 from jaxdp.models import layers as jaxdp_layers
 from jaxdp.models import lora
-from jaxdp.sweep import (Candidate, CandidateStore, SearchMismatchError, SearchPlan, SearchSpace, engine,
+from jaxdp.sweep import (Candidate, CandidateStore, SearchMismatchError, TaskPlan, SearchSpace, engine,
                          grid_candidates, run_sweep)
 from jaxdp.train.run_plan import plan_runs
 from jaxdp.train import (CandidateResult, DpScore, ExecutionConfig, LoopOutput, LoopSpec, Model,
                          NoisyMean, NotPrivateWarning, Task, TrainConfig, clipping, init_params,
                          program, train_candidate, trainer)
-from jaxdp.train.ghost import ghost_clipped_grad_sum, ghost_layers
+from jaxdp.train import loop_spec
+from jaxdp.train.ghost import ghost_clipped_grad_sum
+from jaxdp.train.ghost_analysis import ghost_layers
 from jaxdp.train.sampling import sampling_threshold
-from jaxdp.tuning import random_search, subsampled, subsampled_search
-from jaxdp.tuning import search as search_lib
+from jaxdp.tuning import (LocalTrainer, RunConfig, SubsetTuning, draws, random_search, subsampled,
+                          subsampled_search)
 
 
 # ============================================================================
@@ -612,15 +614,15 @@ def test_selection_counts_a_non_finite_dp_score_as_the_worst(data):
   def scored(*scores):
     return [types.SimpleNamespace(score=s) for s in scores]
   nan = float("nan")
-  assert search_lib.best_index(scored(0.5, nan, 0.7, -1e30)) == 2
-  assert search_lib.best_index(scored(nan, -1e30)) == 1
-  assert search_lib.best_index(scored(nan, nan)) is None
-  assert search_lib.best_index(scored(-3.0, nan, -3.0)) == 0  # ties: the first
+  assert draws.best_index(scored(0.5, nan, 0.7, -1e30)) == 2
+  assert draws.best_index(scored(nan, -1e30)) == 1
+  assert draws.best_index(scored(nan, nan)) is None
+  assert draws.best_index(scored(-3.0, nan, -3.0)) == 0  # ties: the first
   # +-inf (a score that overflows in its own post-processing) is as bad as NaN, whatever its sign.
   inf = float("inf")
-  assert search_lib.best_index(scored(inf, 0.5)) == 1
-  assert search_lib.best_index(scored(-inf, nan)) is None
-  assert search_lib.best_index(scored(-inf, -1e30, inf)) == 1
+  assert draws.best_index(scored(inf, 0.5)) == 1
+  assert draws.best_index(scored(-inf, nan)) is None
+  assert draws.best_index(scored(-inf, -1e30, inf)) == 1
 
 
 def test_the_threshold_coin_stops_at_least_at_the_accounted_rate():
@@ -630,7 +632,7 @@ def test_the_threshold_coin_stops_at_least_at_the_accounted_rate():
     for seed in range(64):
       key = jax.random.key(seed)
       bits = int(jax.random.bits(key, dtype=jnp.uint32))
-      assert search_lib._stops(key, p) == (bits < math.ceil(p * 2.0 ** 32))
+      assert draws.stops(key, p) == (bits < math.ceil(p * 2.0 ** 32))
     assert math.ceil(p * 2.0 ** 32) / 2.0 ** 32 >= p
 
 
@@ -642,7 +644,7 @@ def test_a_dp_score_that_returns_nan_is_never_selected():
   config = CONFIG.replace(task=dataclasses.replace(SCORED, score=score, name="nan-dp-score"))
   result = train_candidate(config, data, jax.random.key(0))
   assert result.diverged and math.isnan(result.score)
-  assert search_lib.best_index([result]) is None
+  assert draws.best_index([result]) is None
 
 
 # -------------------------------------------------- subset draws: the rate
@@ -657,7 +659,8 @@ RATE_CASES = [(0.3, 8), (1e-7, 9), (1e-9, 7), (2.0**-24, 9)]
 
 def _subset_args(rows, q, variant=2):
   """What `_draw_subset` reads of `subsampled_search`'s checked arguments."""
-  return types.SimpleNamespace(data=types.SimpleNamespace(num_train_rows=rows), q=q, variant=variant)
+  return types.SimpleNamespace(data=types.SimpleNamespace(num_train_rows=rows),
+                               subset=types.SimpleNamespace(q=q, variant=variant))
 
 
 @pytest.mark.parametrize("q,seed", RATE_CASES, ids=[f"q={q:g}" for q, _ in RATE_CASES])
@@ -728,8 +731,11 @@ def small_config(base_config):
 
 
 def _subset_search(config, data, devices, q, seed, variant=1):
-  return subsampled_search(config, SUBSET_GRID, data, q=q, variant=variant, repetitions=acc.Poisson(mean=2),
-                           key=jax.random.key(seed), devices=devices, max_candidates_per_device=1)
+  return subsampled_search(config, SUBSET_GRID, data, subset=SubsetTuning(q, variant),
+                           distribution=acc.Poisson(mean=2),
+                           key=jax.random.key(seed),
+                           run_config=RunConfig(trainer=LocalTrainer(devices=devices,
+                                                                     max_candidates_per_device=1)))
 
 
 def _accounted(config, q, variant):
@@ -882,9 +888,9 @@ def _files(run_dir):
   return out
 
 
-def _resume_search(config, data, run_dir, **kwargs):
-  return random_search(config, RESUME_GRID, data, repetitions=K, key=jax.random.key(KEY), run_dir=run_dir,
-                       **kwargs)
+def _resume_search(config, data, run_dir, trainer=None):
+  return random_search(config, RESUME_GRID, data, distribution=K, key=jax.random.key(KEY),
+                       run_config=RunConfig(run_dir=run_dir, trainer=trainer))
 
 
 def fake_trainer(trained: list):
@@ -955,10 +961,10 @@ def test_a_changed_traced_value_is_refused(name, data, tmp_path):
     _resume_search(make_config(config_changes, **task_changes), data, str(tmp_path), trainer=refusing)
   sweep_dir = str(tmp_path / "sweep")
   first = grid_candidates(SearchSpace(_with_momentum(name), RESUME_GRID), seeds=[0])
-  run_sweep(first, data, sweep_dir, SWEEP_FP, progress=False, trainer=fake_trainer([]))
+  run_sweep(first, data, sweep_dir, SWEEP_FP, trainer=fake_trainer([]))
   with pytest.raises(SearchMismatchError, match=r"differs in: configs; "):
     run_sweep(grid_candidates(SearchSpace(make_config(config_changes, **task_changes), RESUME_GRID), seeds=[0]),
-              data, sweep_dir, SWEEP_FP, progress=False, trainer=refusing)
+              data, sweep_dir, SWEEP_FP, trainer=refusing)
 
 
 def _host_correct(logit, batch):
@@ -977,7 +983,7 @@ def test_a_program_calling_host_code_cannot_be_durable(data, tmp_path):
     _resume_search(config, data, str(tmp_path), trainer=refusing)
   with pytest.raises(ValueError, match=r"calls host or foreign code \(pure_callback\)"):
     run_sweep(grid_candidates(SearchSpace(config, RESUME_GRID), seeds=[0]), data, str(tmp_path / "s"),
-              SWEEP_FP, progress=False, trainer=refusing)
+              SWEEP_FP, trainer=refusing)
 
 
 @pytest.mark.parametrize("name", list(CHANGES))
@@ -1063,7 +1069,7 @@ def test_a_stored_record_of_another_event_is_refused_naming_it(finished, data, t
 def test_a_stored_final_run_of_another_configuration_is_refused(data, tmp_path):
   # `train_lone` (the subsampled search's final model) checks its stored run too.
   config = make_config()
-  plan = SearchPlan.build(SearchSpace(config, {"learning_rate": [0.1]}), data)
+  plan = TaskPlan.build(SearchSpace(config, {"learning_rate": [0.1]}), data)
   (run,) = plan.runs
   zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), run.params)
   ran = []
@@ -1105,11 +1111,11 @@ def test_the_digest_reads_closed_over_values_not_only_the_jaxprs_text():
 def test_the_digest_ignores_the_devices_microbatch_choice(data):
   from jaxdp.train.digest import program_digest  # pylint: disable=g-import-not-at-top
   config = make_config()
-  spec = program.LoopSpec.from_config(config, data)
+  spec = loop_spec.LoopSpec.from_config(config, data)
   other = dataclasses.replace(spec, padded_batch_size=spec.padded_batch_size * 3, microbatch_size=3)
   assert program_digest(other, data) == program_digest(spec, data)
   # A traced hyperparameter's value is the configuration's, not the program's.
-  assert program_digest(program.LoopSpec.from_config(config.replace(learning_rate=3.0), data),
+  assert program_digest(loop_spec.LoopSpec.from_config(config.replace(learning_rate=3.0), data),
                         data) == program_digest(spec, data)
 
 
@@ -1118,13 +1124,13 @@ _DIGEST_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from tests import test_adversarial as t
     import numpy as np
-    from jaxdp.sweep import SearchPlan
+    from jaxdp.sweep import TaskPlan
     rng = np.random.default_rng(0)
     w = rng.normal(size=6)
     data = t.Dataset(train=t._split(rng, t.N, w), test=t._split(rng, 50, w),
                      private_validation=t._split(rng, t.VALIDATION, w), num_examples=t.N)
     space = t.SearchSpace(t.make_config(), t.RESUME_GRID)
-    print(json.dumps(SearchPlan.build(space, data).mechanism(), sort_keys=True))
+    print(json.dumps(TaskPlan.build(space, data).mechanism(), sort_keys=True))
 """)
 
 
@@ -1139,7 +1145,7 @@ def test_the_mechanism_record_is_the_same_in_another_process(data, tmp_path):
                         env=dict(os.environ, PYTHONHASHSEED=seed))
   assert done.returncode == 0, done.stderr.decode()[-2000:]
   space = SearchSpace(make_config(), RESUME_GRID)
-  here = json.loads(json.dumps(SearchPlan.build(space, data).mechanism()))
+  here = json.loads(json.dumps(TaskPlan.build(space, data).mechanism()))
   assert json.loads(done.stdout) == here
   assert len(set(here["programs"].values())) == 1  # learning rates are traced: one program
 
@@ -1158,7 +1164,7 @@ def swept(data, tmp_path_factory):
   """A finished `run_sweep` pool of two candidates: its run_dir."""
   run_dir = str(tmp_path_factory.mktemp("sweep"))
   trained = []
-  run_sweep(_candidates(), data, run_dir, SWEEP_FP, progress=False, trainer=fake_trainer(trained))
+  run_sweep(_candidates(), data, run_dir, SWEEP_FP, trainer=fake_trainer(trained))
   assert len(trained) == 2
   return run_dir
 
@@ -1168,7 +1174,7 @@ def test_run_sweep_refuses_a_changed_mechanism(name, swept, data):
   before = _files(swept)
   change, parts = CHANGES[name]
   with pytest.raises(SearchMismatchError, match=rf"differs in: {parts}; "):
-    run_sweep(_candidates(**change), data, swept, SWEEP_FP, progress=False, trainer=refusing)
+    run_sweep(_candidates(**change), data, swept, SWEEP_FP, trainer=refusing)
   assert _files(swept) == before
 
 
@@ -1179,41 +1185,40 @@ def test_run_sweep_refuses_other_data_and_another_public_start(swept, data):
   for split in ("train", "private_validation"):
     other = dataclasses.replace(data, **{split: _split(rng, N if split == "train" else VALIDATION, w)})
     with pytest.raises(SearchMismatchError, match=r"differs in: jaxdp_data; "):
-      run_sweep(_candidates(), other, swept, SWEEP_FP, progress=False, trainer=refusing)
-  spec = program.LoopSpec.from_config(make_config(), data)
+      run_sweep(_candidates(), other, swept, SWEEP_FP, trainer=refusing)
+  spec = loop_spec.LoopSpec.from_config(make_config(), data)
   start = jax.tree.map(lambda s: np.ones(s.shape, s.dtype), program.param_shapes(spec, data.train))
   with pytest.raises(SearchMismatchError, match=r"differs in: jaxdp_initial_params; "):
-    run_sweep(_candidates(), data, swept, SWEEP_FP, progress=False, trainer=refusing,
+    run_sweep(_candidates(), data, swept, SWEEP_FP, trainer=refusing,
               initial_params=start)
   assert _files(swept) == before
 
 
 def test_run_sweep_resumes_an_identical_sweep_without_training(swept, data):
   before = _files(swept)
-  pool = run_sweep(_candidates(), data, swept, SWEEP_FP, progress=False, trainer=refusing)
+  pool = run_sweep(_candidates(), data, swept, SWEEP_FP, trainer=refusing)
   assert pool.done_ids() == {c.id for c in _candidates()} and _files(swept) == before
 
 
 def test_run_sweep_grows_by_points_and_seeds_of_the_same_mechanism(data, tmp_path):
   fp = SWEEP_FP
   trained = []
-  run_sweep(_candidates(), data, tmp_path, fp, progress=False, trainer=fake_trainer(trained))
+  run_sweep(_candidates(), data, tmp_path, fp, trainer=fake_trainer(trained))
   more = _candidates({"learning_rate": [0.05, 0.2, 0.8]}, seeds=(0, 1))
-  pool = run_sweep(more, data, tmp_path, fp, progress=False, trainer=fake_trainer(trained))
+  pool = run_sweep(more, data, tmp_path, fp, trainer=fake_trainer(trained))
   assert len(trained) == 6 and pool.done_ids() == {c.id for c in more}
   # The new point is recorded: changing its mechanism now is refused too.
   with pytest.raises(SearchMismatchError,
                      match=r"differs in: programs; programs at grid point \{\"learning_rate\":0.8\}: "):
     run_sweep(_candidates({"learning_rate": [0.8]}, optimizer=adam), data, tmp_path, fp,
-              progress=False, trainer=refusing)
+              trainer=refusing)
 
 
 def test_the_ray_backend_is_refused_on_the_driver_before_dispatching(swept, data):
-  from jaxdp.sweep.ray_backend import train_candidates_ray  # pylint: disable=g-import-not-at-top
+  from jaxdp.sweep import RayTrainer  # pylint: disable=g-import-not-at-top
   assert not ray.is_initialized()
   with pytest.raises(SearchMismatchError, match="differs in: dp_events, programs"):
-    run_sweep(_candidates(sigma=100.0), data, swept, SWEEP_FP, progress=False,
-              trainer=train_candidates_ray)
+    run_sweep(_candidates(sigma=100.0), data, swept, SWEEP_FP, trainer=RayTrainer())
   assert not ray.is_initialized()  # refused before Ray was even started: nothing dispatched
 
 

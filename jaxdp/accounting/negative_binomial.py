@@ -106,7 +106,10 @@ class TruncatedNegativeBinomial(kd.KDistribution):
   def mean(self) -> float:
     if self.eta == 1.0 and self.gamma >= _TINY:
       return 1.0 / self.gamma
-    return math.exp(_tnb_log_mean(self.log_gamma, self.eta))
+    try:
+      return math.exp(_tnb_log_mean(self.log_gamma, self.eta))
+    except OverflowError:  # a mean beyond float64 (gamma far below 1e-308): infinite, as a float says
+      return math.inf
 
   def __repr__(self):
     name = {1.0: "Geometric", 0.0: "Logarithmic"}.get(self.eta)

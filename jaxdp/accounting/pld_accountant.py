@@ -45,6 +45,7 @@ import numpy as np
 
 from jaxdp import _validate
 from jaxdp.accounting import _dpa
+from jaxdp.accounting import _dpa_pld
 from jaxdp.accounting import base
 from jaxdp.accounting import distributions as dist_lib
 from jaxdp.accounting import events as ev
@@ -54,9 +55,9 @@ _Details = dpa.PrivacyAccountant.CompositionErrorDetails
 _ADD_REMOVE = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 #: Default bound on the dropped tail P(K > k_max): 1e-3 of the smallest delta a
-#: PLD value is trusted at (`_dpa.PLD_DELTA_FLOOR`), so the truncation costs at
+#: PLD value is trusted at (`_dpa_pld.PLD_DELTA_FLOOR`), so the truncation costs at
 #: most 0.1% of any delta this accountant reports, at every target at once.
-DEFAULT_TAIL_TOLERANCE = 1e-3 * _dpa.PLD_DELTA_FLOOR
+DEFAULT_TAIL_TOLERANCE = 1e-3 * _dpa_pld.PLD_DELTA_FLOOR
 #: Default cap on the number of compositions of the base (k_max). One term
 #: costs one FFT composition, ~0.18 s for a DP-SGD run at interval 1e-4
 #: (supports of 2e5-6e5 losses; ~10x less at 1e-3), milliseconds for small
@@ -230,7 +231,7 @@ class PldAccountant(base.Accountant):
   def theorem(self) -> str:
     if not (self._dpa_parts or self._dp_parts or self._selection):
       return "nothing composed"
-    text = f"PLD composition (dp-accounting, pessimistic, interval {self._interval or _dpa.PLD_FINEST_INTERVAL:g})"
+    text = f"PLD composition (dp-accounting, pessimistic, interval {self._interval or _dpa_pld.PLD_FINEST_INTERVAL:g})"
     if self._selection is not None:
       sel, k_max = self._selection
       text = (f"PLD composition, mixture over K ~ {sel.distribution!r} (joint convexity), "
@@ -240,12 +241,12 @@ class PldAccountant(base.Accountant):
   def get_epsilon(self, target_delta: float) -> float:
     """Smallest eps (rounded up) with delta(eps) <= target_delta; inf if none is trusted.
 
-    Below `_dpa.PLD_DELTA_FLOOR` no PLD value is trusted (FFT round-off), so
+    Below `_dpa_pld.PLD_DELTA_FLOOR` no PLD value is trusted (FFT round-off), so
     the answer is inf: "no valid bound here" (callers take the min over
     accountants).
     """
     target_delta = _validate.probability("target_delta", target_delta)
-    if target_delta < _dpa.PLD_DELTA_FLOOR:
+    if target_delta < _dpa_pld.PLD_DELTA_FLOOR:
       return math.inf
     eps = self._curve().epsilon(target_delta)
     pure = self._pure_epsilon()
@@ -272,7 +273,7 @@ class PldAccountant(base.Accountant):
     target_delta = _validate.probability("target_delta", target_delta)
     target_epsilon = _validate.real("target_epsilon", target_epsilon, low=0.0, allow_inf=True)
     if (self._curve_cache is None and self._selection is not None and math.isfinite(target_epsilon)
-        and target_delta >= _dpa.PLD_DELTA_FLOOR):
+        and target_delta >= _dpa_pld.PLD_DELTA_FLOOR):
       curve = self._build_curve(stop=(target_epsilon, target_delta))
       if curve is None:
         return True
@@ -280,7 +281,7 @@ class PldAccountant(base.Accountant):
     return self.get_epsilon(target_delta) > target_epsilon
 
   def get_delta(self, target_epsilon: float) -> float:
-    """delta(target_epsilon), never below `_dpa.PLD_DELTA_FLOOR`."""
+    """delta(target_epsilon), never below `_dpa_pld.PLD_DELTA_FLOOR`."""
     target_epsilon = _validate.real("target_epsilon", target_epsilon, low=0.0, allow_inf=True)
     pure = self._pure_epsilon()
     # At or beyond a pure epsilon of everything composed the true delta is 0
@@ -295,7 +296,7 @@ class PldAccountant(base.Accountant):
     # non-increasing, so delta(target_epsilon) <= delta(eps_f) <= floor.
     # Returning `raw` would be the optimistic choice; 1.0 ("no claim") is only
     # needed where the curve is non-private, and `raw` is then already 1.
-    return raw if raw >= _dpa.PLD_DELTA_FLOOR else _dpa.PLD_DELTA_FLOOR
+    return raw if raw >= _dpa_pld.PLD_DELTA_FLOOR else _dpa_pld.PLD_DELTA_FLOOR
 
   def _pure_epsilon(self) -> Optional[float]:
     """A pure epsilon of everything composed (the parts' add up), or None if a part has none."""
@@ -357,7 +358,7 @@ class PldAccountant(base.Accountant):
     return self._maybe_compose_selection(sel, event, count, do_compose)
 
   def _dp_accounting_part(self, event, count, do_compose) -> Optional[_Details]:
-    if not _dpa.pld_supports(event):
+    if not _dpa_pld.pld_supports(event):
       return _Details(event, f"dp-accounting's PLDAccountant does not support {type(event).__name__} "
                              "and it is not a jaxdp event with a PLD")
     if do_compose and count > 0:
@@ -403,16 +404,16 @@ class PldAccountant(base.Accountant):
       parts = self._dpa_parts
       # One dp-accounting accountant on the same tree: bit-identical to its numbers.
       event = parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(list(parts))
-      pld, non_private = _dpa.pld_of_event(event, self._interval)
+      pld, non_private = _dpa_pld.pld_of_event(event, self._interval)
     else:
-      pld, non_private = _dpa.pld_identity(self._interval), False
+      pld, non_private = _dpa_pld.pld_identity(self._interval), False
     for event, count in self._dp_parts:
       delta = event.delta if isinstance(event, ev.ApproxDp) else 0.0
       # The exact dominating pair of (eps, delta)-DP (Kairouz et al. 2015;
       # dp-accounting's pessimistic rounding of its two losses).
-      part = _dpa.pld_from_privacy_parameters(event.epsilon, delta, self._interval)
-      with _dpa.building_pld():
-        pld = _dpa.compose_plds(pld, part if count == 1 else part.self_compose(count))
+      part = _dpa_pld.pld_from_privacy_parameters(event.epsilon, delta, self._interval)
+      with _dpa_pld.building_pld():
+        pld = _dpa_pld.compose_plds(pld, part if count == 1 else part.self_compose(count))
     return pld, non_private
 
   def _curve(self) -> _Curve:
@@ -434,7 +435,8 @@ class PldAccountant(base.Accountant):
       # of K (a pure 1e6-DP base, Poisson K): on the finest grid a loss of 1e6
       # spans 1e10 atoms (MemoryError). Bound the losses the PLDs hold instead.
       eps = self._loss_span()
-    self._interval = max(_dpa.PLD_FINEST_INTERVAL, eps / 5e5) if math.isfinite(eps) else _dpa.PLD_FINEST_INTERVAL
+    self._interval = max(_dpa_pld.PLD_FINEST_INTERVAL,
+                         eps / 5e5) if math.isfinite(eps) else _dpa_pld.PLD_FINEST_INTERVAL
 
   def _loss_span(self) -> float:
     """The largest finite privacy loss the PLDs built here reach, roughly (for
@@ -456,7 +458,7 @@ class PldAccountant(base.Accountant):
     """The curve; with stop = (eps, delta), None as soon as the terms so far exceed delta at eps.
 
     The test is on the weighted sum of the terms' own hockey-stick values
-    (per neighbour direction, `_dpa.pmf_delta_lower`: the mixed PMF's curve
+    (per neighbour direction, `_dpa_pld.pmf_delta_lower`: the mixed PMF's curve
     is their weighted sum, as a curve is linear in the masses), with a
     relative margin `_EXCEEDS_MARGIN` far above the rounding of those sums
     (~1e-13), so a stop always means that the whole curve exceeds delta at eps.
@@ -476,18 +478,19 @@ class PldAccountant(base.Accountant):
     lower = [0.0, 0.0]  # sum_{j<=k} P(j) delta_{pld_j}(stop eps), per direction (remove, add)
     for k in range(k_max + 1):
       if k > 0:
-        with _dpa.building_pld():
-          pld_k = _dpa.compose_plds(pld_k, base_pld)  # iterative: one FFT per term, no self_compose per k
+        with _dpa_pld.building_pld():
+          pld_k = _dpa_pld.compose_plds(pld_k,
+                                        base_pld)  # iterative: one FFT per term, no self_compose per k
       w = float(weights[k])
       if w <= 0.0:
         continue
       # Running normalised mixture sum_{j<=k} P(j) pld_j / sum_{j<=k} P(j), per direction.
-      with _dpa.building_pld():
+      with _dpa_pld.building_pld():
         mix = pld_k if head == 0.0 else mix.compute_mixture(pld_k, head / (head + w))
       head += w
       if stop is not None:
-        for d, pmf in enumerate(_dpa.pld_pmf_pair(pld_k)):
-          lower[d] += w * _dpa.pmf_delta_lower(pmf, stop[0])
+        for d, pmf in enumerate(_dpa_pld.pld_pmf_pair(pld_k)):
+          lower[d] += w * _dpa_pld.pmf_delta_lower(pmf, stop[0])
         if max(lower) > stop[1] * (1.0 + _EXCEEDS_MARGIN):
           return None
     head = math.fsum(weights.tolist()) * (1.0 + _WEIGHT_SLACK)

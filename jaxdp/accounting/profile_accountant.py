@@ -37,6 +37,7 @@ import numpy as np
 
 from jaxdp import _validate
 from jaxdp.accounting import _dpa
+from jaxdp.accounting import _dpa_pld
 from jaxdp.accounting import base
 from jaxdp.accounting import distributions as dist_lib
 from jaxdp.accounting import events as ev
@@ -66,7 +67,7 @@ class ProfileAccountant(base.Accountant):
       the paper; `best` uses it only when the caller opts in).
     orders: RDP orders for parts known only by an RDP curve.
     value_discretization_interval: PLD discretisation; None (default) picks it
-      per event (`_dpa.pld_interval_for`: finer than 1e-4 never, coarser only
+      per event (`_dpa_pld.pld_interval_for`: finer than 1e-4 never, coarser only
       for events with a large privacy loss; always pessimistic).
 
   Attributes (after `compose`):
@@ -197,7 +198,7 @@ class ProfileAccountant(base.Accountant):
     return prof, f"{theorem} on [{base}]"
 
   def _dp_accounting_part(self, event, count, do_compose) -> Optional[_Details]:
-    if not (_dpa.pld_supports(event) or dpa.rdp.RdpAccountant(list(self._orders)).supports(event)):
+    if not (_dpa_pld.pld_supports(event) or dpa.rdp.RdpAccountant(list(self._orders)).supports(event)):
       return _Details(event, "neither dp-accounting's PLD nor its RDP accountant supports this event")
     return self._keep(event, count, do_compose, self._dp_leaf(event))
 
@@ -234,7 +235,7 @@ class ProfileAccountant(base.Accountant):
     dpa_parts = [dpa.SelfComposedDpEvent(p.event, p.count) for p in self._parts
                  if ev.is_dp_accounting_only(p.event)]
     ours = [(p.leaf, p.count) for p in self._parts if not ev.is_dp_accounting_only(p.event)]
-    no_pld = [e for e in dpa_parts if not _dpa.pld_supports(e)]
+    no_pld = [e for e in dpa_parts if not _dpa_pld.pld_supports(e)]
     if no_pld:
       rdp = rdp_accountant.RdpSelectionAccountant(self._orders)
       if all(rdp.supports(p.event) for p in self._parts):
@@ -243,7 +244,7 @@ class ProfileAccountant(base.Accountant):
       # Another part has no RDP curve (an (eps, delta)-DP guarantee), so RDP
       # cannot compose them all: the parts without a PLD enter through the
       # envelope of their profile (the RDP conversion), like jaxdp's parts.
-      dpa_parts = [e for e in dpa_parts if _dpa.pld_supports(e)]
+      dpa_parts = [e for e in dpa_parts if _dpa_pld.pld_supports(e)]
       ours += [(self._dp_leaf(e), 1) for e in no_pld]
     leaves = [(leaf(), count) for leaf, count in ours]
     tops = [_envelope_top(prof) for (prof, _), _ in leaves]
@@ -254,25 +255,25 @@ class ProfileAccountant(base.Accountant):
       return prof_lib.ApproxDpProfile(0.0, 1.0), "non-private"
     interval = self._interval
     if interval is None:
-      interval = (_dpa.pld_interval_for(dpa.ComposedDpEvent(dpa_parts)) if dpa_parts
+      interval = (_dpa_pld.pld_interval_for(dpa.ComposedDpEvent(dpa_parts)) if dpa_parts
                   else prof_lib.PLD_DISCRETIZATION)
       # Envelope losses reach their tops (+-): a pure 1e6-DP part would span
       # 2e10 atoms at 1e-4. Coarser (still pessimistic) only past a summed
       # top of 200, keeping the composed PLD below ~4e6 atoms.
       interval = max(interval, sum(c * t for (_, c), t in zip(leaves, tops)) / 2e6)
-    pld = _dpa.pld_identity(interval)
+    pld = _dpa_pld.pld_identity(interval)
     theorems = []
     if dpa_parts:
-      pld_e, non_private = _dpa.pld_of_event(dpa.ComposedDpEvent(dpa_parts), interval)
+      pld_e, non_private = _dpa_pld.pld_of_event(dpa.ComposedDpEvent(dpa_parts), interval)
       if non_private:
         return prof_lib.ApproxDpProfile(0.0, 1.0), "non-private"
-      with _dpa.building_pld():
-        pld = _dpa.compose_plds(pld, pld_e)
+      with _dpa_pld.building_pld():
+        pld = _dpa_pld.compose_plds(pld, pld_e)
       theorems.append("dp-accounting PLD")
     for ((prof, theorem), count), top in zip(leaves, tops):
       part = envelope_pld(prof, interval, top)
-      with _dpa.building_pld():
-        pld = _dpa.compose_plds(pld, part if count == 1 else part.self_compose(count))
+      with _dpa_pld.building_pld():
+        pld = _dpa_pld.compose_plds(pld, part if count == 1 else part.self_compose(count))
       theorems.append(theorem)
     return (ComposedPldProfile(pld),
             "PLD composition of [" + "; ".join(dict.fromkeys(theorems)) + "]")
@@ -294,13 +295,13 @@ class ComposedPldProfile(prof_lib.PrivacyProfile):
   """The profile of a composed privacy-loss distribution.
 
   Its values come from FFT convolutions whose round-off is not bounded below
-  `_dpa.PLD_DELTA_FLOOR`, so every value carries that much extra delta: a
+  `_dpa_pld.PLD_DELTA_FLOOR`, so every value carries that much extra delta: a
   delta below the floor is never claimed (epsilon is then inf).
   """
 
   def __init__(self, pld):
     self._pld = pld
-    tables = [_dpa.pmf_table(p) for p in _dpa.pld_pmfs(pld)]
+    tables = [_dpa_pld.pmf_table(p) for p in _dpa_pld.pld_pmfs(pld)]
     # Suffix sums: O(log n) per eps. dp-accounting's own path loops over every
     # atom per eps (~0.4 s per call here, 50 s for one selection bound).
     self._tables = None if any(t is None for t in tables) else tables
@@ -311,17 +312,17 @@ class ComposedPldProfile(prof_lib.PrivacyProfile):
     if self._tables is None:
       vals = np.asarray(self._pld.get_delta_for_epsilon(eps), dtype=np.float64)
     else:
-      vals = np.max([_dpa.suffix_delta(t, eps) for t in self._tables], axis=0)
-    return np.minimum(1.0, np.maximum(vals, 0.0) + _dpa.PLD_DELTA_FLOOR)
+      vals = np.max([_dpa_pld.suffix_delta(t, eps) for t in self._tables], axis=0)
+    return np.minimum(1.0, np.maximum(vals, 0.0) + _dpa_pld.PLD_DELTA_FLOOR)
 
   def _epsilon_guess(self, delta):
-    if delta <= _dpa.PLD_DELTA_FLOOR:
+    if delta <= _dpa_pld.PLD_DELTA_FLOOR:
       return None
     with np.errstate(over="ignore", divide="ignore"):  # a guess only: inf past exp's range
-      return max(0.0, float(self._pld.get_epsilon_for_delta(delta - _dpa.PLD_DELTA_FLOOR)))
+      return max(0.0, float(self._pld.get_epsilon_for_delta(delta - _dpa_pld.PLD_DELTA_FLOOR)))
 
   def epsilon(self, delta):
-    if delta <= _dpa.PLD_DELTA_FLOOR:
+    if delta <= _dpa_pld.PLD_DELTA_FLOOR:
       return math.inf
     return super().epsilon(delta)
 
@@ -367,7 +368,7 @@ def _build_dp_event_profile(event, orders, interval) -> prof_lib.PrivacyProfile:
   # (rounded up to the grid) are looser, e.g. any large 1/b.
   pure = rdp_accountant.dp_accounting_pure_epsilon(event)
   rdp_prof = None if rdp is None else prof_lib.RdpProfile(orders, rdp, pure)
-  if _dpa.pld_supports(event):
+  if _dpa_pld.pld_supports(event):
     return prof_lib.PldProfile(event, interval, rdp_fallback=rdp_prof)
   return rdp_prof
 
@@ -418,7 +419,7 @@ def envelope_pld(profile: prof_lib.PrivacyProfile, interval: float, top: Optiona
     length = end - start
     loss_probs[loss] = loss_probs.get(loss, 0.0) + length
     loss_probs[-loss] = loss_probs.get(-loss, 0.0) + math.exp(-loss) * length  # loss 0: one key
-  return _dpa.pld_from_losses(loss_probs, float(np.min(delta)), interval)
+  return _dpa_pld.pld_from_losses(loss_probs, float(np.min(delta)), interval)
 
 
 def _right_half(u: np.ndarray, eps: np.ndarray) -> list:

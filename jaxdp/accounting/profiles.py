@@ -50,6 +50,7 @@ from scipy import special
 
 from jaxdp import _validate
 from jaxdp.accounting import _dpa
+from jaxdp.accounting import _dpa_pld
 from jaxdp.accounting import events as ev_lib
 
 #: PLD discretisation (in privacy-loss units). dp-accounting's default; the
@@ -306,7 +307,7 @@ class PldProfile(PrivacyProfile):
   suffix sums (O(log n) per eps instead of dp-accounting's Python loop over
   every atom). Pessimistic discretisation (module docstring) makes it an upper
   bound wherever FFT round-off is negligible, i.e. at or above
-  `_dpa.PLD_DELTA_FLOOR` (see its measurement). Below the floor the PLD only
+  `_dpa_pld.PLD_DELTA_FLOOR` (see its measurement). Below the floor the PLD only
   says "delta(eps) < floor", so this profile is
 
     delta(eps) = min(max(pld(eps), floor), rdp_fallback.delta(eps)),
@@ -318,7 +319,7 @@ class PldProfile(PrivacyProfile):
   Args:
     event: a DpEvent that dp-accounting's `PLDAccountant` supports.
     value_discretization_interval: PLD discretisation in privacy-loss units;
-      None picks it with `_dpa.pld_interval_for(event)` (coarser for events
+      None picks it with `_dpa_pld.pld_interval_for(event)` (coarser for events
       with a large privacy loss; still pessimistic, only looser).
     rdp_fallback: an `RdpProfile` of the same event, used below the floor and
       wherever it is tighter.
@@ -333,14 +334,14 @@ class PldProfile(PrivacyProfile):
   def __init__(self, event: dpa.DpEvent, value_discretization_interval: Optional[float] = PLD_DISCRETIZATION,
                rdp_fallback: Optional["RdpProfile"] = None):
     if value_discretization_interval is None:
-      value_discretization_interval = _dpa.pld_interval_for(event)
+      value_discretization_interval = _dpa_pld.pld_interval_for(event)
     self.event = event
     self.interval = _validate.real("value_discretization_interval", value_discretization_interval,
                                    low=0.0, low_open=True)
-    self.floor = _dpa.PLD_DELTA_FLOOR
+    self.floor = _dpa_pld.PLD_DELTA_FLOOR
     self.rdp_fallback = rdp_fallback
-    self._pld, self._non_private = _dpa.pld_of_event(event, self.interval)
-    tables = [_dpa.pmf_table(p) for p in _dpa.pld_pmfs(self._pld)]
+    self._pld, self._non_private = _dpa_pld.pld_of_event(event, self.interval)
+    tables = [_dpa_pld.pmf_table(p) for p in _dpa_pld.pld_pmfs(self._pld)]
     self._tables = None if any(t is None for t in tables) else tables
     self.description = (f"PLD (dp-accounting, connect-the-dots, pessimistic, discretisation "
                         f"{self.interval:g}; values below {self.floor:g} not trusted"
@@ -349,18 +350,18 @@ class PldProfile(PrivacyProfile):
   @property
   def nbytes(self) -> int:
     tables = sum(a.nbytes for t in (self._tables or ()) for a in t[:3])
-    return _dpa.pld_nbytes(self._pld) + tables
+    return _dpa_pld.pld_nbytes(self._pld) + tables
 
   def raw_pld_delta(self, epsilon):
     """The PLD's own hockey-stick value, without the floor: an upper bound only
-    at or above `_dpa.PLD_DELTA_FLOOR` (for tests and diagnostics)."""
+    at or above `_dpa_pld.PLD_DELTA_FLOOR` (for tests and diagnostics)."""
     eps = np.atleast_1d(np.asarray(epsilon, dtype=np.float64))
     if self._non_private:
       out = np.ones_like(eps)
     elif self._tables is None:  # sparse PMFs: dp-accounting's scalar path
-      out = np.array([_dpa.pld_delta(self._pld, float(e)) for e in eps])
+      out = np.array([_dpa_pld.pld_delta(self._pld, float(e)) for e in eps])
     else:
-      out = np.max([_dpa.suffix_delta(t, eps) for t in self._tables], axis=0)
+      out = np.max([_dpa_pld.suffix_delta(t, eps) for t in self._tables], axis=0)
     return float(out[0]) if np.ndim(epsilon) == 0 else out.reshape(np.shape(epsilon))
 
   def _pld_bound(self, eps):
@@ -379,7 +380,7 @@ class PldProfile(PrivacyProfile):
     # guess (~50 evaluations, ~2 ms) beats dp-accounting's inverse, a Python
     # loop over the atoms (~20-40 ms for DP-SGD). The answer is the same
     # smallest accepted eps up to EPSILON_RTOL, and accepted either way.
-    guess = None if self._tables is not None else _dpa.pld_epsilon(self._pld, max(delta, self.floor))
+    guess = None if self._tables is not None else _dpa_pld.pld_epsilon(self._pld, max(delta, self.floor))
     return _smallest_accepted(lambda e: float(self._pld_bound(np.array([e]))[0]) <= delta, guess, None)
 
   def epsilon(self, delta):

@@ -87,7 +87,7 @@ _GADGET_TASK = Task(model=_gadget_model, loss=_gadget_loss, score=_gadget_score,
 
 
 def selection_gadget(noise_multiplier: float, *, num_examples: int = 16, arms: int = 2,
-                     repetitions: Optional[acc.KDistribution] = None) -> Attack:
+                     distribution: Optional[acc.KDistribution] = None) -> Attack:
   """The worst-case selection audit (see the module docstring).
 
   Args:
@@ -95,7 +95,7 @@ def selection_gadget(noise_multiplier: float, *, num_examples: int = 16, arms: i
       non-private search).
     num_examples: N, public.
     arms: grid size; arm 1..arms-1 are sensitive to the canary, arm 0 is not.
-    repetitions: K's law of the search to audit, for the likelihood-ratio
+    distribution: K's law of the search to audit, for the likelihood-ratio
       statistic (None: the released score, a weaker test that ignores the
       arm).
 
@@ -103,7 +103,7 @@ def selection_gadget(noise_multiplier: float, *, num_examples: int = 16, arms: i
     The `Attack`: one DP step with q = 1 and clip norm 1, learning rate N so
     that w = 1[canary, sensitive arm] + sigma * Z exactly; the statistic is
     log f_D'(release) / f_D(release) (`GadgetProfile.log_ratio`) given
-    `repetitions` and sigma > 0, else the released score.
+    `distribution` and sigma > 0, else the released score.
   """
   n = _validate.integer("num_examples", num_examples, low=2)
   arms = _validate.integer("arms", arms, low=2)
@@ -118,8 +118,8 @@ def selection_gadget(noise_multiplier: float, *, num_examples: int = 16, arms: i
   config = TrainConfig(task=_GADGET_TASK, l2_clip_norm=1.0, noise_multiplier=noise_multiplier,
                        sampling_prob=1.0, steps=1, hparams={"learning_rate": float(n), "arm": 0})
   statistic = released_score(default=-1e6)
-  if repetitions is not None and noise_multiplier > 0:
-    statistic = _log_ratio_statistic(exact.GadgetProfile(noise_multiplier, repetitions, arms=arms))
+  if distribution is not None and noise_multiplier > 0:
+    statistic = _log_ratio_statistic(exact.GadgetProfile(noise_multiplier, distribution, arms=arms))
   return Attack(name=f"selection gadget (sigma={noise_multiplier:g})", config=config,
                 grid={"arm": list(range(arms))}, without=without, with_=with_, statistic=statistic)
 

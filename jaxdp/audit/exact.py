@@ -107,7 +107,7 @@ class GadgetProfile:
       adds noise with the smallest float32 >= the sigma given
       (`jaxdp.train.noise.round_up_float32`), so that value, held exactly as a
       float64 Python float, is the sigma whose epsilon is bracketed.
-    repetitions: K's law.
+    distribution: K's law.
     arms: grid size; arms 1..arms-1 are sensitive.
     cells: score cells over [-span sigma, 1 + span sigma].
     span: grid half-width in units of sigma.
@@ -135,7 +135,7 @@ class GadgetProfile:
     (w = sigma Z + c in float32) is not part of it.
   """
   noise_multiplier: float
-  repetitions: dist_lib.KDistribution
+  distribution: dist_lib.KDistribution
   arms: int = 2
   cells: int = 200_000
   span: float = 12.0
@@ -144,7 +144,7 @@ class GadgetProfile:
     sigma = _validate.real("noise_multiplier", self.noise_multiplier, low=0.0)
     # float(), not the float32 array: every table below must be float64 at exactly this sigma.
     object.__setattr__(self, "noise_multiplier", float(round_up_float32(sigma)) if sigma > 0 else 0.0)
-    dist_lib.check_distribution(self.repetitions)
+    dist_lib.check_distribution(self.distribution)
     _validate.integer("arms", self.arms, low=2)
     _validate.integer("cells", self.cells, low=10)
     _validate.real("span", self.span, low=1.0)
@@ -154,11 +154,11 @@ class GadgetProfile:
   @property
   def private(self) -> bool:
     """False without noise: the sensitive arm's score then reveals the canary, epsilon = inf."""
-    return self.noise_multiplier > 0 and float(self.repetitions.sf(0)) > 0
+    return self.noise_multiplier > 0 and float(self.distribution.sf(0)) > 0
 
   def _build_tables(self):
     """Per cell and arm class: bracketed masses on D and D', and bracketed ratios f_0 / f_1."""
-    sigma, dist = self.noise_multiplier, self.repetitions
+    sigma, dist = self.noise_multiplier, self.distribution
     edges = np.linspace(-self.span * sigma, 1.0 + self.span * sigma, self.cells + 1, dtype=np.float64)
     lo, hi = edges[:-1], edges[1:]
     # p_0 = 1 / arms, p_1 = (arms - 1) / arms: one rounding each.
@@ -285,14 +285,14 @@ class GadgetProfile:
 
     Thresholding it is the most powerful test of D' against D at every
     level, so an audit that uses it (`jaxdp.audit.attacks.selection_gadget`
-    with `repetitions=`) is limited by its trials, not by its statistic.
+    with `distribution=`) is limited by its trials, not by its statistic.
     """
     c = np.asarray(sensitive, np.float64)
     s = np.asarray(score, np.float64)
     sigma, p1 = self.noise_multiplier, 1.0 - 1.0 / self.arms
     f0 = special.ndtr(s / sigma)
     f1 = (1.0 - p1) * f0 + p1 * special.ndtr((s - 1.0) / sigma)
-    g = lambda x: np.asarray(self.repetitions.pgf_derivative(np.clip(x, 0.0, 1.0)), np.float64)
+    g = lambda x: np.asarray(self.distribution.pgf_derivative(np.clip(x, 0.0, 1.0)), np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
       selection = np.log(g(f1)) - np.log(g(f0))
     # Far below every score a search releases G' can underflow to 0 on both sides: no evidence.

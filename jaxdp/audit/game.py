@@ -33,12 +33,15 @@ from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.audit.estimate import EpsilonLowerBound, epsilon_lower_bound, max_certifiable
 from jaxdp.data import Dataset
-from jaxdp.sweep.plan import SearchPlan
-from jaxdp.sweep.store import CandidateStore, Trainer
+from jaxdp.sweep.build import as_space
+from jaxdp.sweep.plan import candidate_event
 from jaxdp.sweep.space import SearchSpace
+from jaxdp.sweep.trainers import check as check_trainer
+from jaxdp.sweep.store import CandidateStore
+from jaxdp.sweep.task_plan import TaskPlan
 from jaxdp.train import TrainConfig
-from jaxdp.tuning import _args, planning
-from jaxdp.tuning import search as search_lib
+from jaxdp.tuning import _args, draws
+from jaxdp.tuning.run_config import RunConfig, run_config as checked_run_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +132,7 @@ def _check_statistic(statistic, trials: int, delta: float, confidence: float) ->
   _statistic_value(statistic, Release(None, float("nan"), None))
 
 
-def _run_side(space: SearchSpace, repetitions, side: int, key: jax.Array, trials: int,
+def _run_side(plan: TaskPlan, distribution, side: int, key: jax.Array, trials: int,
               statistic, store: CandidateStore, bar) -> tuple[np.ndarray, int]:
   """The statistics of `trials` whole searches on `data`; trial t draws with fold_in(key, 2t + side).
 
@@ -138,14 +141,14 @@ def _run_side(space: SearchSpace, repetitions, side: int, key: jax.Array, trials
   call; then each search releases its best, as `random_search` does.
   """
   keys = jax.vmap(lambda t: jax.random.fold_in(key, t))(2 * np.arange(trials) + side)
-  draws = search_lib.draw_searches(space, repetitions, keys)
-  flat = [c for cands in draws for c in cands]
+  drawn = draws.draw_searches(plan, distribution, keys)
+  flat = [c for cands in drawn for c in cands]
   results = store.train(flat)
   values, start = [], 0
-  for cands in draws:
+  for cands in drawn:
     mine = results[start:start + len(cands)]
     start += len(cands)
-    best = search_lib.best_index(mine)
+    best = draws.best_index(mine)
     release = (Release(None, float("nan"), None) if best is None else
                Release(dict(cands[best].point), float(mine[best].score), mine[best].params))
     values.append(_statistic_value(statistic, release))
@@ -166,30 +169,28 @@ def _accounted(events: list, delta: float, methods: Sequence[str]) -> dict:
 
 
 def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
-                 without: Dataset, with_: Dataset, *, repetitions: acc.KDistribution,
-                 statistic: Statistic, trials: int, key: jax.Array, delta: float = 1e-5,
+                 without: Dataset, with_: Dataset, *, distribution: acc.KDistribution,
+                 statistic: Statistic, trials: int, key: jax.Array, target_delta: float = 1e-5,
                  confidence: float = 0.95, methods: Sequence[str] = ("rdp", "profile", "best"),
-                 progress: bool = False, run_dir: Optional[str] = None,
-                 trainer: Optional[Trainer] = None, initial_params: Any = None,
-                 **engine_kwargs) -> AuditResult:
-  """Audits `random_search(config, search_space, ·, repetitions=...)` on D = `without`, D' = `with_`.
+                 progress: bool = False, initial_params: Any = None,
+                 run_config: Optional[RunConfig] = None) -> AuditResult:
+  """Audits `random_search(config, search_space, ·, distribution=...)` on D = `without`, D' = `with_`.
 
   Args:
     config, search_space: as in `jaxdp.tuning.random_search`.
     without: D (see the module docstring for keeping N public).
     with_: D' = D plus the canary.
-    repetitions: K's law.
+    distribution: K's law.
     statistic: `Release -> float`; large values should mean "D'" (the
       estimator also tries the other direction).
     trials: searches per data set, >= 2.
     key: PRNG key; trial t on D uses fold_in(key, 2t), on D' fold_in(key, 2t + 1).
-    delta: delta in (0, 1) of the lower bound and the accounted epsilons.
+    target_delta: delta in (0, 1) of the lower bound and the accounted epsilons.
     confidence: level of the lower bound, in (0, 1).
     methods: accounting methods to report.
     progress: progress bar over trials.
-    run_dir, trainer, initial_params: as in `jaxdp.tuning.random_search`; the sides keep their
+    initial_params, run_config: as in `jaxdp.tuning.random_search`; the sides keep their
       candidates in `<run_dir>/D` and `<run_dir>/D_prime`.
-    **engine_kwargs: `devices`, `max_candidates_per_device`.
 
   Returns:
     An `AuditResult`.
@@ -199,27 +200,28 @@ def audit_search(config: Union[TrainConfig, SearchSpace], search_space: Optional
       non-scalar statistic, data the task cannot use), by the first release at the latest.
   """
   started = time.perf_counter()
-  space = _args.space(config, search_space)
-  plans = [SearchPlan.build(space, d, initial_params=initial_params) for d in (without, with_)]
-  repetitions = _args.repetitions(repetitions)
+  space = as_space(config, search_space)
+  plans = [TaskPlan.build(space, d, initial_params=initial_params) for d in (without, with_)]
+  distribution = _args.distribution(distribution)
   key = _validate.prng_key("key", key)
-  delta, confidence = _validate.probability("delta", delta), _validate.probability("confidence", confidence)
+  delta = _args.target_delta(target_delta)
+  confidence = _validate.probability("confidence", confidence)
   trials = _validate.integer("trials", trials, low=2)
-  engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
+  run = checked_run_config(run_config)
+  for plan in plans:
+    check_trainer(run.trainer, plan)
   _check_statistic(statistic, trials, delta, confidence)
 
-  events = [acc.RepeatAndSelect(planning.plan_event(plan), repetitions) for plan in plans]
+  events = [acc.RepeatAndSelect(candidate_event(plan), distribution) for plan in plans]
   accounted = _accounted(events, delta, methods)
   sides, trained = [], 0
   with tqdm(total=2 * trials, disable=not progress, desc="audit trials", unit="search") as bar:
     for side, (plan, name) in enumerate(zip(plans, ("D", "D_prime"))):
       fingerprint = plan.search_fields("audit_search", key, side=name, trials=trials,
-                                            repetitions=repetitions)
-      with CandidateStore(plan, run_dir=run_dir and os.path.join(run_dir, name),
-                          fingerprint=fingerprint, trainer=trainer,
-                          engine_kwargs=engine_kwargs) as store:
-        values, n = _run_side(space, repetitions, side, key, trials, statistic, store, bar)
+                                       distribution=distribution)
+      with CandidateStore(plan, run_dir=run.run_dir and os.path.join(run.run_dir, name),
+                          fingerprint=fingerprint, trainer=run.trainer) as store:
+        values, n = _run_side(plan, distribution, side, key, trials, statistic, store, bar)
       sides.append(values)
       trained += n
   bound = epsilon_lower_bound(sides[0], sides[1], delta=delta, confidence=confidence)

@@ -65,8 +65,8 @@ def __getattr__(name: str):
 
 
 METHODS = ("rdp", "profile", "best")
-CSV_COLUMNS = ("scenario", "repetitions", "trials", "confidence", "delta", "lower_bound", "exact_epsilon",
-               "exact_epsilon_lo", "accounted_rdp", "accounted_profile", "accounted_best", "tpr", "fpr",
+CSV_COLUMNS = ("scenario", "distribution", "trials", "confidence", "delta", "lower_bound",
+               "exact_epsilon", "exact_epsilon_lo", "accounted_rdp", "accounted_profile", "accounted_best", "tpr", "fpr",
                "candidates_trained", "seconds")
 
 
@@ -76,7 +76,7 @@ def scenarios(profile: Profile) -> list:
   from jaxdp.audit import attacks  # pylint: disable=g-import-not-at-top
   laws = [("Poisson(4)", acc.Poisson(mean=MEAN_K)), ("geometric(4)", acc.Geometric(mean=MEAN_K)),
           ("logarithmic(4)", acc.Logarithmic(mean=MEAN_K)), ("fixed(4)", acc.Fixed(MEAN_K))]
-  out = [(f"gadget, K ~ {name}", attacks.selection_gadget(profile.gadget_sigma, repetitions=law), law,
+  out = [(f"gadget, K ~ {name}", attacks.selection_gadget(profile.gadget_sigma, distribution=law), law,
           profile.gadget_trials) for name, law in laws]
   import warnings  # pylint: disable=g-import-not-at-top
   with warnings.catch_warnings():
@@ -102,13 +102,15 @@ def run(profile: Profile, progress: bool = True) -> list:
   """Audits every scenario; returns one CSV row per scenario."""
   import jax  # pylint: disable=g-import-not-at-top
   from jaxdp.audit import audit_search  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning import LocalTrainer, RunConfig  # pylint: disable=g-import-not-at-top
   rows = []
   for i, (label, attack, law, trials) in enumerate(scenarios(profile)):
-    res = audit_search(attack.config, attack.grid, attack.without, attack.with_, repetitions=law,
-                       statistic=attack.statistic, trials=trials, key=jax.random.key(i), delta=DELTA,
-                       confidence=CONFIDENCE, progress=progress, max_candidates_per_device=4096)
+    res = audit_search(attack.config, attack.grid, attack.without, attack.with_, distribution=law,
+                       statistic=attack.statistic, trials=trials, key=jax.random.key(i),
+                       target_delta=DELTA, confidence=CONFIDENCE, progress=progress,
+                       run_config=RunConfig(trainer=LocalTrainer(max_candidates_per_device=4096)))
     lo, hi = exact_epsilon(attack, law)
-    rows.append(dict(scenario=label, repetitions=repr(law), trials=trials, confidence=CONFIDENCE,
+    rows.append(dict(scenario=label, distribution=repr(law), trials=trials, confidence=CONFIDENCE,
                      delta=DELTA, lower_bound=res.bound.epsilon, exact_epsilon=hi, exact_epsilon_lo=lo,
                      **{f"accounted_{m}": res.accounted[m] for m in METHODS}, tpr=res.bound.tpr,
                      fpr=res.bound.fpr, candidates_trained=res.candidates_trained,

@@ -163,7 +163,8 @@ def dry_run(profile: Profile) -> int:
 def run(profile: Profile, out_dir: str, pool_dir: str, data_dir: Optional[str] = None) -> dict:
   """The whole pipeline; returns the manifest."""
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
-  from jaxdp.sweep import SearchSpace, grid_candidates, run_sweep, table_from_records  # pylint: disable=g-import-not-at-top
+  from jaxdp.sweep import (LocalTrainer, SearchSpace, grid_candidates,  # pylint: disable=g-import-not-at-top
+                           run_sweep, table_from_records)
   from jaxdp.sweep.space import config_record  # pylint: disable=g-import-not-at-top
 
   watch = common.Stopwatch()
@@ -179,7 +180,7 @@ def run(profile: Profile, out_dir: str, pool_dir: str, data_dir: Optional[str] =
                  "config": config_record(config), "grid": {"learning_rate": list(profile.learning_rates)},
                  "num_train": n}
   with watch.stage(f"pool: {len(candidates)} candidates"):
-    pool = run_sweep(candidates, data, pool_dir, fingerprint, progress=True)
+    pool = run_sweep(candidates, data, pool_dir, fingerprint, trainer=LocalTrainer(progress=True))
   table = table_from_records(pool.records, score="score", value="test_score")
   event = config.dp_event()
   with watch.stage("simulate + account"):

@@ -107,11 +107,11 @@ def run_repetitions(profile: Profile, data, watch) -> tuple[list, dict]:
   """Every (target, repetition, method) run; returns per-run records and the sigma tables."""
   import jax  # pylint: disable=g-import-not-at-top
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
-  from jaxdp.tuning import random_search, subsampled_search  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning import (LocalTrainer, RunConfig, SubsetTuning,  # pylint: disable=g-import-not-at-top
+                            random_search, subsampled_search)
   n = int(data.train.inputs.shape[0])
   reps = acc.Poisson(mean=profile.mu)
-  engine_kwargs = ({} if profile.candidates_per_device is None
-                   else {"max_candidates_per_device": profile.candidates_per_device})
+  run = RunConfig(trainer=LocalTrainer(max_candidates_per_device=profile.candidates_per_device))
   records, tables = [], {}
   for target in profile.target_epsilons:
     space, noise = build_space(profile, n, target)
@@ -122,7 +122,8 @@ def run_repetitions(profile: Profile, data, watch) -> tuple[list, dict]:
         # One key per repetition: baseline and both variants see the same X1 draw
         # (shared subset key), so their differences are the methods', not the draws'.
         base_key, sub_key = jax.random.split(jax.random.key(profile.seed * 100003 + r))
-        res = random_search(space, None, data, repetitions=reps, key=base_key, delta=DELTA, **engine_kwargs)
+        res = random_search(space, None, data, distribution=reps, key=base_key, target_delta=DELTA,
+                            run_config=run)
         released = res.config is not None
         records.append(dict(
             method="baseline", target_epsilon=target, repetition=r, epsilon=res.epsilon,
@@ -135,17 +136,18 @@ def run_repetitions(profile: Profile, data, watch) -> tuple[list, dict]:
             num_candidates=res.unreleased.num_candidates, gradient_evaluations=reps.mean * mean_cost,
             baseline_gradient_evaluations=reps.mean * mean_cost))
         for variant in (1, 2):
-          out = subsampled_search(space, None, data, q=profile.q, variant=variant, repetitions=reps,
-                                  key=sub_key, delta=DELTA, **engine_kwargs)
+          out = subsampled_search(space, None, data, subset=SubsetTuning(profile.q, variant),
+                                  distribution=reps, key=sub_key, target_delta=DELTA,
+                                  run_config=run)
           tuned = out.tuned_hyperparameters or {}
           records.append(dict(
               method=f"variant {variant}", target_epsilon=target, repetition=r, epsilon=out.epsilon,
               # The preset's score is test accuracy.
               accuracy=out.score if math.isfinite(out.score) else FALLBACK_ACCURACY,
-              sigma=out.final_config.noise_multiplier,
+              sigma=out.config.noise_multiplier,
               learning_rate=tuned.get("learning_rate", math.nan),
-              final_learning_rate=out.final_config.hparams["learning_rate"],
-              sampling_prob=out.final_config.sampling_prob, epochs=out.final_config.epochs,
+              final_learning_rate=out.config.hparams["learning_rate"],
+              sampling_prob=out.config.sampling_prob, epochs=out.config.epochs,
               num_candidates=out.unreleased.num_candidates,
               gradient_evaluations=out.unreleased.gradient_evaluations,
               baseline_gradient_evaluations=out.unreleased.baseline_gradient_evaluations))

@@ -61,7 +61,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from jaxdp.sweep.plan import params_digest
+from jaxdp.sweep.records import params_digest
 from jaxdp.sweep.pool import SearchMismatchError
 
 #: The directory of checkpoints in a `run_dir`, and its subdirectory where damaged ones go.

@@ -56,11 +56,13 @@ from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
 from jaxdp.sweep import checkpoints
-from jaxdp.sweep.plan import SearchPlan, as_plan
+from jaxdp.sweep.task_plan import TaskPlan, task_plan_of
 from jaxdp.sweep.progress import candidates_bar
 from jaxdp.sweep.space import Candidate, candidate_keys
 from jaxdp.train import program
-from jaxdp.train.program import LoopOutput, LoopSpec
+from jaxdp.train import loop_spec
+from jaxdp.train.program import LoopOutput
+from jaxdp.train.loop_spec import LoopSpec
 from jaxdp.train.run_plan import RunPlan
 from jaxdp.train.trainer import CandidateResult, device_splits, result_of
 
@@ -90,7 +92,7 @@ def auto_candidates_per_device(spec: LoopSpec, device: jax.Device, train) -> int
   if device.platform == "cpu":
     return 1
   size = sum(math.prod(x.shape) for x in jax.tree.leaves(program.param_shapes(spec, train)))
-  per_example = program.per_example_bytes(spec, train) or _FLOAT_BYTES * size
+  per_example = loop_spec.per_example_bytes(spec, train) or _FLOAT_BYTES * size
   per_candidate = per_example * spec.microbatch_size + _FLOAT_BYTES * _PARAMETER_COPIES * size
   budget = (device.memory_stats() or {}).get("bytes_limit", _UNKNOWN_MEMORY) // _MEMORY_SHARE
   return int(max(1, min(_MAX_PER_DEVICE, budget // max(per_candidate, 1))))
@@ -220,7 +222,7 @@ def check_options(max_candidates_per_device: Optional[int] = None,
   return tuple(devices) if devices is not None else tuple(jax.devices())
 
 
-def check_layout(plan: SearchPlan, devices: Optional[Sequence[jax.Device]] = None) -> None:
+def check_layout(plan: TaskPlan, devices: Optional[Sequence[jax.Device]] = None) -> None:
   """Raises ValueError unless every run's `ExecutionConfig.data_parallel` divides the devices
   this engine would use: a tuner asks before it draws, so the failure never depends on K."""
   num_devices = len(check_options(devices=devices))
@@ -228,7 +230,7 @@ def check_layout(plan: SearchPlan, devices: Optional[Sequence[jax.Device]] = Non
     data_parallel_degree(run.config.execution.data_parallel, 1, num_devices)
 
 
-def _groups(candidates, plan: SearchPlan, num_devices: int, search_size: Optional[int]) -> list:
+def _groups(candidates, plan: TaskPlan, num_devices: int, search_size: Optional[int]) -> list:
   """Candidates grouped by `LoopSpec` and `ExecutionConfig.data_parallel`, in first-seen
   order, from the plan's runs. The automatic degree is chosen for `search_size` candidates
   (default: the group's) and checked for every group before any trains."""
@@ -243,7 +245,7 @@ def _groups(candidates, plan: SearchPlan, num_devices: int, search_size: Optiona
   return groups
 
 
-def _chunk_inputs(candidates, padded: list, plan: SearchPlan, spec: LoopSpec, sharding):
+def _chunk_inputs(candidates, padded: list, plan: TaskPlan, spec: LoopSpec, sharding):
   """(DP-SGD plans, traced hyperparameters, keys) of one chunk, sharded over the candidate axis
   (and replicated over the data axis)."""
   configs = [candidates[i].config for i in padded]
@@ -302,7 +304,7 @@ def _set_row(rows: np.ndarray, j: int, value) -> np.ndarray:
 class _Saver:
   """The engine's side of `jaxdp.sweep.checkpoints`: a chunk's resume and its saves."""
 
-  def __init__(self, store: checkpoints.Checkpoints, plan: SearchPlan, candidates):
+  def __init__(self, store: checkpoints.Checkpoints, plan: TaskPlan, candidates):
     self.store, self.plan, self.candidates = store, plan, candidates
     self._identity: dict = {}
     self.last: dict = {}  # candidate id -> the step of its newest checkpoint
@@ -348,7 +350,7 @@ class _Saver:
         self.last[cid] = stop
 
 
-def _dispatch_group(group: _Group, candidates, plan: SearchPlan, splits: tuple, devices: tuple,
+def _dispatch_group(group: _Group, candidates, plan: TaskPlan, splits: tuple, devices: tuple,
                     per_device: int, bar, saver: Optional[_Saver]) -> Iterator[_Job]:
   """Dispatches the group's chunks one by one. Without checkpoints each returns at once (the
   devices run asynchronously); with them, a chunk stops after each segment to save."""
@@ -397,31 +399,47 @@ def _dispatch_group(group: _Group, candidates, plan: SearchPlan, splits: tuple, 
     if saver is None:
       state, scores = run(inputs, state, fresh, total)
     else:
-      # Segments of the one compiled program: where the loop stops changes nothing it computes.
-      at = min(resumed.get(i, 0) for i in padded)
-      while at < total:
-        stop = cadence.next_stop(at, total)
-        probing = cadence.probing
-        if probing:  # the step's time, not its compilation's nor the queue's
-          compiled(arguments(inputs, state, fresh, stop))
-          jax.block_until_ready(state)
-          began = time.perf_counter()
-        state, scores = run(inputs, state, fresh, stop)
-        fresh = not_fresh
-        if probing:
-          jax.block_until_ready(state)
-          cadence.seconds_per_step = (time.perf_counter() - began) / (stop - at)
-        elif stop < total:
-          saver.save(padded, state, stop)
-        at = stop
+      step = lambda state, fresh, stop: run(inputs, state, fresh, stop)
+      warm = lambda state, fresh, stop: compiled(arguments(inputs, state, fresh, stop))
+      state, scores = _segments(step, warm, state, (fresh, not_fresh), padded, resumed, cadence,
+                                saver, total)
     yield _Job(part, (program.output(state), *scores), dispatched, compile_s, resumed)
+
+
+def _segments(step, warm, state, fresh: tuple, padded: list, resumed: dict, cadence: _Cadence,
+              saver: _Saver, total: int) -> tuple:
+  """(state, scores) of a chunk run to `total` as segments of the one compiled program, saving
+  checkpoints at the cadence's stops: where the loop stops changes nothing it computes.
+
+  `step(state, fresh, stop)` runs the program to `stop`; `warm` compiles it without running
+  (so a probe times the step, not its compilation nor the queue); `fresh` is (the first
+  segment's freshness rows, every later segment's).
+  """
+  first, later = fresh
+  at = min(resumed.get(i, 0) for i in padded)
+  while at < total:
+    stop = cadence.next_stop(at, total)
+    probing = cadence.probing
+    if probing:
+      warm(state, first, stop)
+      jax.block_until_ready(state)
+      began = time.perf_counter()
+    state, scores = step(state, first, stop)
+    first = later
+    if probing:
+      jax.block_until_ready(state)
+      cadence.seconds_per_step = (time.perf_counter() - began) / (stop - at)
+    elif stop < total:
+      saver.save(padded, state, stop)
+    at = stop
+  return state, scores
 
 
 class _Collector:
   """Turns finished jobs into `CandidateResult`s in the input order, and hands each
   chunk's results to `on_chunk` as soon as they are there."""
 
-  def __init__(self, candidates, plan: SearchPlan, keep_params: bool,
+  def __init__(self, candidates, plan: TaskPlan, keep_params: bool,
                on_chunk: Optional[Callable[[list], None]], bar, saver: Optional[_Saver]):
     self.candidates, self.plan, self.keep_params, self.saver = candidates, plan, keep_params, saver
     self.on_chunk, self.bar = on_chunk, bar
@@ -453,7 +471,7 @@ class _Collector:
     self.bar.update(len(job.indices))
 
 
-def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, SearchPlan], *,
+def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, TaskPlan], *,
                      max_candidates_per_device: Optional[int] = None,
                      devices: Optional[Sequence[jax.Device]] = None,
                      keep_params: bool = False, progress: bool = False,
@@ -469,11 +487,11 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, Searc
 
   Args:
     candidates: the candidates (grid point, config, seed).
-    data: the `jaxdp.sweep.SearchPlan` the candidates belong to (a tuner's:
+    data: the `jaxdp.sweep.TaskPlan` the candidates belong to (a tuner's:
       nothing is checked or derived again), or a `jaxdp.data.Dataset`
       (private train split; the score reads the public test split or, for a
       DP score, the private validation split), of which the plan is built
-      here (`SearchPlan.for_candidates`).
+      here (`TaskPlan.for_candidates`).
     max_candidates_per_device: candidates vmapped on one device (or, with
       data parallelism, one group of devices) at once; None picks
       `auto_candidates_per_device`.
@@ -488,7 +506,7 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, Searc
       initialised from each candidate's key), see
       `jaxdp.train.checks.check_initial_params`. Checked against every
       group's model before anything trains. Only with a `Dataset`: a
-      `SearchPlan` holds its own.
+      `TaskPlan` holds its own.
     search_size: the number of candidates the automatic layout is chosen for
       (None: each group's own): the data-parallel degree P
       (`data_parallel_degree`) and how many candidates a chunk holds. The
@@ -519,7 +537,7 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, Searc
       devices; before anything trains.
   """
   devices = check_options(max_candidates_per_device, devices, progress, on_chunk)
-  plan = as_plan(candidates, data, initial_params)
+  plan = task_plan_of(candidates, data, initial_params)
   if search_size is not None:
     search_size = _validate.integer("search_size", search_size, low=1)
   if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):

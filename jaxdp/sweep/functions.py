@@ -3,23 +3,25 @@
 The protocol (README, "Tune any trainer"):
 
   train_fn(hparams: dict, seed: int) -> (score, artifact)
-  event_fn(hparams: dict) -> dp_accounting.DpEvent
+  dp_event_fn(hparams: dict) -> dp_accounting.DpEvent
+
+given to a tuner as one `TrainFunction(train_fn, dp_event_fn, noise_parameter=None)`.
 
 `train_fn` is any Python function (PyTorch/Opacus, Keras, NumPy, a JAX
 loop): it trains one candidate with the grid point's hyperparameters and
 returns a real score (higher is better) and anything to release if it is
-selected (weights, a state_dict, a model). `event_fn` is the public privacy
+selected (weights, a state_dict, a model). `dp_event_fn` is the public privacy
 event of one such run, the DP score's included.
 
-`FunctionPlan` is to a function what `jaxdp.sweep.SearchPlan` is to a `Task`:
+`FunctionPlan` is the `jaxdp.sweep.plan.SearchPlan` of a function, as `TaskPlan` is a `Task`'s:
 built once at the search's call, it holds every grid point's hyperparameters
 and DpEvent (checked: a `DpEvent`, the same on every call), and gives the
 durable store (`jaxdp.sweep.CandidateStore`) what it records: the
 mechanism per point (the hyperparameters, the DpEvent's repr, the function's
 identity: `function_identity`, its code and what it holds), the search's fingerprint, and the record of
 each trained candidate with its artifact (`jaxdp.sweep.artifacts`).
-`train_functions` is its trainer, with `jaxdp.sweep.train_candidates`'s
-signature, so the Ray backend runs it on a cluster unchanged.
+`train_functions` trains its candidates on this host (`jaxdp.sweep.trainers`
+runs it here or on a Ray cluster).
 
 The seed a candidate is called with is `call_seed(candidate)`: 63 bits hashed
 from the key the search's key drew for it, so the same on every resume and in
@@ -27,9 +29,9 @@ any process, and as secret as the search key (the tuners never release it).
 
 What cannot be checked, and is the caller's contract: that all of the run's
 randomness comes from `seed` (a resume retrains with it: a function that
-ignores it breaks "same draw, same release"), that `event_fn` is what the
+ignores it breaks "same draw, same release"), that `dp_event_fn` is what the
 function runs, that the score reads only public data or is DP and inside
-`event_fn`, and that the function raises only for reasons the data do not
+`dp_event_fn`, and that the function raises only for reasons the data do not
 decide (an exception stops the whole search: a numerical failure should
 return a non-finite score, which counts as the worst).
 """
@@ -60,6 +62,9 @@ from jaxdp.train.digest import scrub
 
 #: The seeds a training function is called with: integers in [0, 2**63).
 SEED_BITS = 63
+#: Where a training function's score comes from: the caller's contract (README, "Tune any trainer").
+SCORE_SOURCE = ("returned by train_fn (public data, or DP with its event inside dp_event_fn: "
+                "the caller's contract, not checked)")
 
 
 class TrainFunctionError(RuntimeError):
@@ -91,7 +96,7 @@ def call_seed(candidate: Candidate) -> int:
 
 
 def checked_event(event_fn: Callable, hparams: Mapping[str, Any]) -> dp_accounting.DpEvent:
-  """`event_fn(hparams)`, checked: a `dp_accounting.DpEvent`, the same on a second call.
+  """`event_fn(hparams)` (a `TrainFunction`'s `dp_event_fn`), checked: a `dp_accounting.DpEvent`, the same on a second call.
 
   Raises:
     ValueError: naming the hyperparameters, when it is not, or when `event_fn` raises (its
@@ -100,13 +105,13 @@ def checked_event(event_fn: Callable, hparams: Mapping[str, Any]) -> dp_accounti
   try:
     events = [event_fn(copy.deepcopy(dict(hparams))) for _ in range(2)]
   except Exception as err:  # the user's function: say which point, keep its error as the cause
-    raise ValueError(f"dp_event raised {type(err).__name__} for hyperparameters {dict(hparams)}: "
+    raise ValueError(f"dp_event_fn raised {type(err).__name__} for hyperparameters {dict(hparams)}: "
                      f"{err}") from err
   if not isinstance(events[0], dp_accounting.DpEvent):
-    raise ValueError(f"dp_event must return a dp_accounting.DpEvent for every grid point, got "
+    raise ValueError(f"dp_event_fn must return a dp_accounting.DpEvent for every grid point, got "
                      f"{type(events[0]).__name__} ({events[0]!r:.200}) for hyperparameters {dict(hparams)}")
   if events[0] != events[1]:
-    raise ValueError(f"dp_event returned two different events for hyperparameters {dict(hparams)} "
+    raise ValueError(f"dp_event_fn returned two different events for hyperparameters {dict(hparams)} "
                      f"({events[0]!r:.200} and {events[1]!r:.200}): it must be a function of the "
                      "hyperparameters alone (a resume checks the events it recorded)")
   return events[0]
@@ -143,51 +148,73 @@ class FunctionResult:
     return None if self.stored is None else artifacts.decode(*self.stored)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class FunctionPlan:
-  """What a search over a training function runs, checked once (see the module docstring).
+@dataclasses.dataclass(frozen=True)
+class TrainFunction:
+  """Any DP training function as a search's trainable (README, "Tune any trainer").
 
-  Build it with `FunctionPlan.build`. A tuner adds the whole search's accounting (`accounted`).
+  Pass it where a tuner takes a `TrainConfig`:
+  `random_search(TrainFunction(train_fn, dp_event_fn), grid, distribution=K, key=key)`.
 
-  Attributes:
-    train_fn: the training function.
-    event_fn: hyperparameters -> the DpEvent of one run.
-    points: the grid points, in the grid's order.
-    runs: one `FunctionRun` per point.
-    noise_parameter: the hyperparameter a calibration set, or None.
-    event, epsilon, delta, noise_multiplier: the whole search's accounting (a tuner's).
+  Args:
+    train_fn: `train_fn(hparams, seed) -> (score, artifact)`: one DP run with the grid point's
+      hyperparameters, every random number from `seed` (see the module docstring).
+    dp_event_fn: `dp_event_fn(hparams) -> dp_accounting.DpEvent`: the event of one such run,
+      its DP score's included; called on every grid point before anything is drawn.
+    noise_parameter: the hyperparameter `train_fn` and `dp_event_fn` read as the noise, which a
+      tuner's `target_epsilon` calibrates for the whole search (it must not be in the grid);
+      None when the grid gives the noise.
+
+  Raises:
+    ValueError: a function is not callable, or `noise_parameter` is not a string or None.
   """
   train_fn: Callable
-  event_fn: Callable
+  dp_event_fn: Callable
+  noise_parameter: Optional[str] = None
+
+  def __post_init__(self):
+    for name in ("train_fn", "dp_event_fn"):
+      if not callable(getattr(self, name)):
+        raise ValueError(f"{name} must be a callable, got {getattr(self, name)!r:.200}")
+    if self.noise_parameter is not None and (not isinstance(self.noise_parameter, str)
+                                             or not self.noise_parameter):
+      raise ValueError(f"noise_parameter must be None or the name of a hyperparameter (a "
+                       f"non-empty string), got {self.noise_parameter!r}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FunctionPlan:
+  """What a search over a training function runs, checked once (see the module docstring):
+  the `jaxdp.sweep.plan.SearchPlan` of a `TrainFunction`, complete when built.
+
+  Attributes:
+    function: the `TrainFunction`.
+    points: the grid points, in the grid's order.
+    runs: one `FunctionRun` per point (its hyperparameters: the point and a calibrated noise).
+  """
+  function: TrainFunction
   points: tuple
   runs: tuple
-  noise_parameter: Optional[str] = None
-  event: Any = None
-  epsilon: Optional[float] = None
-  delta: Optional[float] = None
-  noise_multiplier: Optional[float] = None
 
   #: A function checkpoints itself, if at all: the store keeps no checkpoints for it.
   checkpointed: ClassVar[bool] = False
 
   @classmethod
-  def build(cls, train_fn: Callable, grid: Mapping[str, Sequence], event_fn: Callable, *,
-            noise: Optional[tuple] = None, argument: str = "grid") -> "FunctionPlan":
+  def build(cls, function: TrainFunction, grid: Mapping[str, Sequence], *,
+            noise: Optional[float] = None, argument: str = "grid") -> "FunctionPlan":
     """The plan of every point of `grid`, every event checked (`checked_event`).
 
     Args:
-      train_fn, event_fn: the protocol's functions (callables).
+      function: the `TrainFunction`.
       grid: name -> non-empty sequence of values.
-      noise: None, or (name, value) added to every point's hyperparameters (a calibrated noise).
+      noise: None, or the value of `function.noise_parameter` in every run (a calibrated noise).
       argument: the grid's name in error messages.
 
     Raises:
-      ValueError: a function is not callable, the grid is malformed or sets `noise`'s name,
-        or an event is not a DpEvent or not a function of the hyperparameters.
+      ValueError: the grid is malformed or sets the noise parameter, a noise is given without
+        a noise parameter, or an event is not a DpEvent or not a function of the hyperparameters.
     """
-    for name, fn in (("train_fn", train_fn), ("dp_event", event_fn)):
-      if not callable(fn):
-        raise ValueError(f"{name} must be a callable, got {fn!r:.200}")
+    if not isinstance(function, TrainFunction):
+      raise ValueError(f"function must be a TrainFunction, got {type(function).__name__}")
     grid = checked_grid(grid, argument)
     for name, values in grid.items():
       for value in values:
@@ -206,23 +233,21 @@ class FunctionPlan:
       if other is not point:
         raise ValueError(f"{argument} points {other} and {point} are the same candidate (their "
                          "values are equal as JSON, e.g. a tuple and a list): give each value once")
-    if noise is not None and noise[0] in grid:
-      raise ValueError(f"target_epsilon sets {noise[0]!r} for the whole search: remove it from "
-                       f"the {argument}")
+    name = function.noise_parameter
+    if noise is not None and name is None:
+      raise ValueError("a noise value needs TrainFunction(noise_parameter=...): the name of the "
+                       "hyperparameter train_fn and dp_event_fn read as the noise")
+    if noise is not None and name in grid:
+      raise ValueError(f"target_epsilon sets {name!r} for the whole search: remove it from the "
+                       f"{argument}")
     runs = []
     for point in points:
-      hparams = dict(point, **({noise[0]: noise[1]} if noise else {}))
-      runs.append(FunctionRun(hparams=hparams, dp_event=checked_event(event_fn, hparams)))
-    return cls(train_fn=train_fn, event_fn=event_fn, points=points, runs=tuple(runs),
-               noise_parameter=None if noise is None else noise[0],
-               noise_multiplier=None if noise is None else noise[1])
+      hparams = dict(point, **({name: float(noise)} if noise is not None else {}))
+      runs.append(FunctionRun(hparams=hparams,
+                              dp_event=checked_event(function.dp_event_fn, hparams)))
+    return cls(function=function, points=points, runs=tuple(runs))
 
-  # -- the grid, as `jaxdp.tuning.search.draw_search` reads a SearchSpace ----
-
-  @property
-  def space(self) -> "FunctionPlan":
-    """The plan itself: its `points`, `configs` and length are the grid the search draws from."""
-    return self
+  # -- the grid, as the draws read it ------------------------------------------
 
   @property
   def configs(self) -> tuple:
@@ -242,7 +267,8 @@ class FunctionPlan:
   def _identities(self) -> dict:
     # Once per plan: what a function holds is hashed by content, and an unidentifiable one's
     # nonce must be the same in the manifest's fingerprint and mechanism.
-    return {"train_fn": function_identity(self.train_fn), "dp_event": function_identity(self.event_fn)}
+    return {"train_fn": function_identity(self.function.train_fn),
+            "dp_event_fn": function_identity(self.function.dp_event_fn)}
 
   @functools.cached_property
   def _runs_by_id(self) -> dict:
@@ -267,11 +293,41 @@ class FunctionPlan:
       if self._by_point.get(point_key(c.point)) is not self.run_of(c.config):
         raise ValueError(f"a candidate at grid point {dict(c.point)} carries another point's run")
 
-  def accounted(self, *, event: Any, epsilon: float, delta: float,
-                noise_multiplier: Optional[float] = None) -> "FunctionPlan":
-    """This plan with the whole search's accounting (a tuner's)."""
-    return dataclasses.replace(self, event=event, epsilon=float(epsilon), delta=float(delta),
-                               noise_multiplier=noise_multiplier)
+  def check_result(self, candidate: Candidate, result: Any) -> None:
+    """Raises ValueError unless `result` is the `FunctionResult` of a call with `candidate`'s
+    seed (a result paired with another candidate is refused)."""
+    if not isinstance(result, FunctionResult):
+      raise ValueError(f"a trainer reported a {type(result).__name__} for a training function's "
+                       "candidate, not a FunctionResult")
+    if result.seed != call_seed(candidate):
+      raise ValueError("a trainer reported a result of another candidate's call (its seed "
+                       "differs): trainers must pair each result with its own candidate")
+
+  @property
+  def score_source(self) -> str:
+    """Where the score comes from: the caller's contract (README, "Tune any trainer")."""
+    return SCORE_SOURCE
+
+  # -- what a search releases and reports --------------------------------------------
+
+  def release(self, candidate: Optional[Candidate], result: Optional["FunctionResult"]) -> dict:
+    """What the selected candidate's `train_fn` was called with (its grid point and the
+    calibrated noise) and what it returned beside the score (its artifact, as `params`)."""
+    if candidate is None:
+      return {"hyperparameters": None, "config": None, "params": None,
+              "score_source": SCORE_SOURCE}
+    return {"hyperparameters": copy.deepcopy(dict(self.run_of(candidate.config).hparams)),
+            "config": None, "params": result.artifact, "score_source": SCORE_SOURCE}
+
+  def unreleased(self, candidate: Optional[Candidate], result: Optional["FunctionResult"]) -> dict:
+    """The seed the selected call got: all of its randomness, its noise included."""
+    del candidate
+    return {"seed": None if result is None else result.seed}
+
+  def summary(self) -> dict:
+    """The function's name: jaxdp does not see inside it (no groups, no compute estimate)."""
+    return {"groups": (), "steps": None, "gradients": None, "auto_static": {},
+            "function": function_name(self.function.train_fn)}
 
   # -- what a durable pool records ------------------------------------------
 
@@ -309,9 +365,10 @@ class FunctionPlan:
     # and a mismatch message prints what differs.
     identities = {name: {"name": function_name(fn), "sha256": hashlib.sha256(json.dumps(
         self._identities[name], sort_keys=True).encode()).hexdigest()}
-        for name, fn in (("train_fn", self.train_fn), ("dp_event", self.event_fn))}
+        for name, fn in (("train_fn", self.function.train_fn),
+                         ("dp_event_fn", self.function.dp_event_fn))}
     return dict(tuner=tuner, key=key_digest(key), points=[dict(p) for p in self.points],
-                **identities,
+                **identities, noise_parameter=self.function.noise_parameter,
                 accounted={k: repr(v) for k, v in sorted(accounted.items())},
                 jaxdp=jaxdp.__version__)
 
@@ -353,7 +410,7 @@ def _score(value: Any, hparams: Mapping[str, Any]) -> float:
 
 
 def call(plan: FunctionPlan, candidate: Candidate) -> FunctionResult:
-  """One call of `plan.train_fn` for `candidate`, its output checked.
+  """One call of `plan.function.train_fn` for `candidate`, its output checked.
 
   Raises:
     TrainFunctionError: the function raised (its exception is the cause).
@@ -363,12 +420,13 @@ def call(plan: FunctionPlan, candidate: Candidate) -> FunctionResult:
   seed = call_seed(candidate)
   began = time.perf_counter()
   try:
-    out = plan.train_fn(copy.deepcopy(dict(run.hparams)), seed)  # its own: what it mutates stays there
+    out = plan.function.train_fn(copy.deepcopy(dict(run.hparams)),
+                                 seed)  # its own: what it mutates stays there
   except Exception as err:
     raise TrainFunctionError(
         f"train_fn raised {type(err).__name__} for hyperparameters {dict(run.hparams)}: {err}. "
         "The search stopped here (candidates stored before it stay in run_dir); "
-        "a value train_fn rejects can be rejected by dp_event too, which is called on every grid "
+        "a value train_fn rejects can be rejected by dp_event_fn too, which is called on every grid "
         "point before anything is drawn (the call's seed: this error's .seed)", run.hparams, seed) from err
   elapsed = time.perf_counter() - began
   if not isinstance(out, tuple) or len(out) != 2:
@@ -381,29 +439,22 @@ def call(plan: FunctionPlan, candidate: Candidate) -> FunctionResult:
 
 
 def train_functions(candidates: Sequence[Candidate], plan: FunctionPlan, *, keep_params: bool = True,
-                    search_size: Optional[int] = None, progress: bool = False,
-                    on_chunk: Optional[Callable[[list], None]] = None,
-                    checkpoint_dir: Optional[str] = None) -> list:
-  """Calls `plan.train_fn` once per candidate, in order: `jaxdp.sweep.train_candidates`'s
-  signature, so a store or the Ray backend runs it like the engine.
+                    progress: bool = False,
+                    on_chunk: Optional[Callable[[list], None]] = None) -> list:
+  """Calls `plan.function.train_fn` once per candidate, in order (what
+  `jaxdp.sweep.trainers.LocalTrainer` runs for a `FunctionPlan`).
 
   Args:
     candidates: candidates drawn from `plan`.
     plan: their `FunctionPlan`.
-    keep_params: keep each artifact in its result (the name is the engine's).
-    search_size: accepted for the signature; a function's result does not depend on layout.
+    keep_params: keep each artifact in its result.
     progress: a progress bar with ETA.
     on_chunk: called with [(candidate, result)] after each call: a durable store writes it
       before the next call starts.
-    checkpoint_dir: must be None (a function checkpoints itself, if at all).
 
   Returns:
     One `FunctionResult` per candidate.
   """
-  del search_size
-  if checkpoint_dir is not None:
-    raise ValueError("checkpoint_dir must be None for a training function: it checkpoints "
-                     "itself, if at all")
   plan.check_candidates(candidates)
   results = []
   with candidates_bar(len(candidates), progress) as bar:

@@ -56,7 +56,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdp.sweep.space import KEY_DERIVATION, MECHANISM_PARTS, point_key
+from jaxdp.sweep import manifest
+from jaxdp.sweep.manifest import ABSENT, checked_mechanism, difference
+from jaxdp.sweep.space import KEY_DERIVATION, point_key
 
 MANIFEST = "manifest.json"
 RESULTS = "results.jsonl"
@@ -76,7 +78,6 @@ _MECHANISM = "jaxdp_mechanism"
 #: A `jaxdp.sweep.SearchPlan` adds these to every fingerprint: the data's sha256 and the
 #: digest of `initial_params` (a reader may leave them out).
 DATA_KEY, INITIAL_KEY = "jaxdp_data", "jaxdp_initial_params"
-_SHORT = 240  # characters of a value a mismatch message quotes
 
 
 class PoolMismatchError(ValueError):
@@ -94,51 +95,6 @@ class PoolLockedError(RuntimeError):
 
 class ParamsDamagedError(ValueError):
   """A record's parameter file is missing or fails its checksum (the record can be dropped)."""
-
-
-_ABSENT = type("_Absent", (), {"__repr__": lambda self: "(absent)"})()
-
-
-def _short(value) -> str:
-  text = repr(value)
-  return text if len(text) <= _SHORT else text[:_SHORT] + "..."
-
-
-#: Fingerprint fields whose values a mismatch message never shows: the search key's digest (a
-#: seed's is found by trying seeds) and a function's identity's (it digests the values the
-#: function reads, which may be private).
-SECRET_FIELDS = frozenset({"key", "train_fn", "dp_event"})
-
-
-def _difference(path: str, stored, now) -> str:
-  """'path[...]: stored X, now Y' at the first place two JSON values differ ('path: differs'
-  for a `SECRET_FIELDS` path)."""
-  if path in SECRET_FIELDS:
-    return f"{path}: differs (its digests are not shown)"
-  if isinstance(stored, dict) and isinstance(now, dict):
-    for k in sorted(set(stored) | set(now), key=str):
-      a, b = stored.get(k, _ABSENT), now.get(k, _ABSENT)
-      if a != b:
-        return _difference(f"{path}[{k!r}]", a, b)
-  if isinstance(stored, list) and isinstance(now, list) and len(stored) == len(now):
-    for i, (a, b) in enumerate(zip(stored, now)):
-      if a != b:
-        return _difference(f"{path}[{i}]", a, b)
-  return f"{path}: stored {_short(stored)}, now {_short(now)}"
-
-
-def _checked_mechanism(mechanism) -> dict:
-  """`mechanism` as plain JSON (part -> point key -> string); ValueError unless it is one."""
-  if mechanism is None:
-    return {}
-  ok = isinstance(mechanism, Mapping) and all(
-      part in MECHANISM_PARTS and isinstance(entries, Mapping)
-      and all(isinstance(k, str) and isinstance(v, str) for k, v in entries.items())
-      for part, entries in mechanism.items())
-  if not ok:
-    raise ValueError(f"mechanism must be None or a mapping part -> {{grid point key: str}} with parts "
-                     f"in {MECHANISM_PARTS} (jaxdp.sweep.SearchPlan.mechanism), got {mechanism!r:.200}")
-  return {part: dict(entries) for part, entries in mechanism.items()}
 
 
 def _json_safe(value):
@@ -250,7 +206,7 @@ class ResultPool:
       if reserved in fingerprint:
         raise ValueError(f"fingerprint must not use the reserved key {reserved!r}")
     self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
-    self.mechanism = _checked_mechanism(mechanism)
+    self.mechanism = checked_mechanism(mechanism)
     self._path = os.path.join(self.run_dir, RESULTS)
     self.quarantine_path = os.path.join(self.run_dir, QUARANTINE)
     self._lock_fd: Optional[int] = None
@@ -342,71 +298,38 @@ class ResultPool:
                                      _MECHANISM: self.mechanism})
 
   def _check_manifest(self) -> None:
-    manifest = os.path.join(self.run_dir, MANIFEST)
+    path = os.path.join(self.run_dir, MANIFEST)
     expected = self._expected_manifest()
-    if not os.path.exists(manifest):
+    if not os.path.exists(path):
       if os.path.exists(self._path) and os.path.getsize(self._path):
         raise PoolMismatchError(
             f"run directory {self.run_dir!r} holds results but no {MANIFEST}, so what they were "
             "trained for is unknown; use a new directory, or delete this one to start over")
       if self.read_only:
         raise PoolMismatchError(f"run directory {self.run_dir!r} holds no pool (no {MANIFEST})")
-      self._write_manifest(manifest, expected)
+      self._write_manifest(path, expected)
       return
-    with open(manifest, "rb") as f:
-      text = f.read()
     try:
-      stored = json.loads(text)
-    except ValueError:
-      stored = None
-    if not isinstance(stored, dict):
-      what = "is empty" if not text.strip() else "is not a JSON object"
-      raise PoolMismatchError(
-          f"{manifest} {what}: this directory was not written by a complete ResultPool; "
-          "use a new directory, or delete this one to start over")
-    if _RESERVED not in stored:
-      raise PoolMismatchError(
-          f"run directory {self.run_dir!r} holds a different sweep: a pool made by an older jaxdp "
-          "(format 1), whose candidates took their PRNG key from the seed alone, so every grid "
-          "point with the same seed shared its noise and batches. Those coupled runs cannot be "
-          "mixed with independent ones; use a new directory, or delete this one to retrain")
-    if stored[_RESERVED] != expected[_RESERVED]:
-      raise PoolMismatchError(
-          f"run directory {self.run_dir!r} holds a different sweep: pool format/key derivation "
-          f"{stored[_RESERVED]!r}, this jaxdp writes {expected[_RESERVED]!r}; use a new directory, "
-          "or delete this one to start over")
+      stored = manifest.read(path, self.run_dir, expected[_RESERVED], reserved=_RESERVED)
+    except manifest.ManifestError as err:
+      raise PoolMismatchError(str(err)) from None
     recorded = stored.pop(_MECHANISM, None) or {}
     del expected[_MECHANISM]
     if self.read_only:  # a reader need not restate what run_sweep added (it writes nothing)
       for key in (DATA_KEY, INITIAL_KEY):
         if key not in expected:
           stored.pop(key, None)
-    diff = sorted(k for k in set(stored) | set(expected) if stored.get(k) != expected.get(k))
-    details = [_difference(k, stored.get(k, _ABSENT), expected.get(k, _ABSENT)) for k in diff]
-    merged, added = {}, False
-    for part in sorted(set(recorded) | set(self.mechanism)):
-      old, new = recorded.get(part, {}), self.mechanism.get(part, {})
-      clash = sorted(k for k in set(old) & set(new) if old[k] != new[k])
-      if clash:
-        diff.append(part)
-        first = clash[0]
-        if part == "programs":  # digests of what the code reads: never shown
-          detail = (f"programs at grid point {first}: differ (the task's code as traced: model, "
-                    "loss, score, optimizer, clipping path or trainable set; or a training "
-                    "function's code or what it reads)")
-        else:
-          detail = _difference(f"{part} at grid point {first}", old[first], new[first])
-        details.append(detail + (f" (and {len(clash) - 1} more point(s))" if len(clash) > 1 else ""))
-      added |= bool(set(new) - set(old))
-      merged[part] = {**new, **old}
-    if diff:
+    diff, details = manifest.differences(stored, expected)
+    parts, part_details, merged, added = manifest.merged_mechanism(recorded, self.mechanism)
+    if diff or parts:
       raise SearchMismatchError(
-          f"run directory {self.run_dir!r} holds a different sweep (differs in: {', '.join(diff)}; "
-          f"{'; '.join(details)}); use a new directory, or delete this one to start over")
+          f"run directory {self.run_dir!r} holds a different sweep (differs in: "
+          f"{', '.join(diff + parts)}; {'; '.join(details + part_details)}); use a new directory, "
+          "or delete this one to start over")
     self.mechanism = merged
     if added and not self.read_only:
       # New grid points: recorded before any of their candidates is stored.
-      self._write_manifest(manifest, dict(stored, **{_MECHANISM: merged}))
+      self._write_manifest(path, dict(stored, **{_MECHANISM: merged}))
 
   def _write_manifest(self, path: str, manifest: Mapping[str, Any]) -> None:
     try:
@@ -424,7 +347,7 @@ class ResultPool:
       if key in events and r.get("dp_event") != events[key]:
         raise SearchMismatchError(
             f"run directory {self.run_dir!r} holds a different sweep (differs in: dp_event of a stored "
-            f"candidate; " + _difference(f"its grid point {key}", r.get("dp_event", _ABSENT),
+            f"candidate; " + difference(f"its grid point {key}", r.get("dp_event", ABSENT),
                                                    events[key])
             + "); its score was computed by another mechanism than the one accounted now; use a "
             "new directory, or delete this one to start over")

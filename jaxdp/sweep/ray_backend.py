@@ -1,30 +1,29 @@
-"""Run sweep chunks as Ray tasks, on one machine or a cluster (`pip install jaxdp[ray]`).
+"""Ray's part of `jaxdp.sweep.trainers.RayTrainer`: chunks of candidates as Ray tasks, on one
+machine or a cluster (`pip install jaxdp[ray]`).
 
-Same signature and results as `jaxdp.sweep.train_candidates`, so
-`run_sweep(..., trainer=train_candidates_ray)` fills the same durable pool:
-results are appended chunk by chunk as tasks finish (in completion order), and
-a rerun after a crash resumes from the pool like a local sweep. Each task runs
-the local engine on its chunk, on whatever devices its worker sees.
+Results reach the driver chunk by chunk as tasks finish (in completion order),
+so a durable store fills its pool as a local search does, and a rerun after a
+crash resumes from it. Each task runs the worker's `LocalTrainer` on its
+chunk, on whatever devices its worker sees.
 """
 
 from __future__ import annotations
 
+import io
 import socket
 import sys
 from typing import Callable, Optional, Sequence
 
+import jax
+import numpy as np
 from tqdm.auto import tqdm
 
-from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp.sweep import checkpoints
-from jaxdp.sweep import engine
-from jaxdp.sweep.plan import as_plan
 from jaxdp.sweep.progress import candidates_bar
-from jaxdp.sweep.store import local_trainer
 
 
-def _require_ray():
+def require_ray():
   try:
     import ray  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -45,21 +44,56 @@ def _shared(box: list):
   """(candidates, plan, engine kwargs, checkpoint token) of the call whose object ref `box` holds
   (a list, so Ray passes the ref itself)."""
   ref = box[0]
-  return _SHARED.get_or_build(ref.binary(), lambda: _require_ray().get(ref))
+  return _SHARED.get_or_build(ref.binary(), lambda: require_ray().get(ref))
 
 
-def _check_reachable(address: Optional[str], timeout_s: float = 5.0) -> None:
-  """Raises ValueError unless a TCP connection to a "host:port" address opens within `timeout_s`.
+def check_address(address: Optional[str]) -> Optional[tuple]:
+  """(host, port) of a "host:port" address, None for None, "auto" and "local" (left to Ray).
+
+  Raises:
+    ValueError: any other form.
+  """
+  if address is None or address in ("auto", "local"):
+    return None
+  host, sep, port = str(address).removeprefix("ray://").rpartition(":")
+  if not isinstance(address, str) or not sep or not port.isdigit():
+    raise ValueError(f"address must be None, 'auto', 'local' or 'host:port' of a Ray head, got {address!r}")
+  return host, int(port)
+
+
+def check_shippable(plan) -> None:
+  """Raises ValueError unless Ray can serialise `plan` (a training function holding a lock, a
+  task closing over an open file): asked before anything is drawn, so such a search fails
+  whatever K is, and Ray's own error, which would list the candidates drawn, never shows.
+  Arrays are left out (they always serialise), so a large data set is not serialised twice."""
+  from ray import cloudpickle  # pylint: disable=g-import-not-at-top
+
+  class ShapesOnly(cloudpickle.CloudPickler):
+    def reducer_override(self, obj):
+      if isinstance(obj, (np.ndarray, jax.Array)):
+        return np.zeros, ((),)
+      return super().reducer_override(obj)
+
+  try:
+    ShapesOnly(io.BytesIO()).dump(plan)
+  except Exception as err:  # pylint: disable=broad-except  # whatever the object's own pickling raises
+    raise ValueError(f"the search cannot be sent to Ray workers: serialising its trainable "
+                     f"failed ({type(err).__name__}: {str(err)[:200]}); a training function "
+                     "and a task must be picklable by cloudpickle") from None
+
+
+def check_reachable(address: Optional[str], timeout_s: float = 5.0) -> None:
+  """Raises ValueError unless a TCP connection to a "host:port" address opens within `timeout_s`
+  (nothing is checked once Ray is initialised: the address is then not used).
 
   `ray.init` itself retries an unreachable head for minutes; a user who gave
   a wrong address wants to hear it at once. None, "auto" and "local" are left
   to Ray (which answers those at once).
   """
-  if address is None or address in ("auto", "local"):
+  hostport = check_address(address)
+  if hostport is None or require_ray().is_initialized():
     return
-  host, sep, port = address.removeprefix("ray://").rpartition(":")
-  if not sep or not port.isdigit():
-    raise ValueError(f"address must be None, 'auto', 'local' or 'host:port' of a Ray head, got {address!r}")
+  host, port = hostport
   try:
     socket.create_connection((host, int(port)), timeout=timeout_s).close()
   except OSError as err:
@@ -68,10 +102,10 @@ def _check_reachable(address: Optional[str], timeout_s: float = 5.0) -> None:
 
 
 def _train_chunk(box: list, indices: list) -> list:
-  candidates, plan, engine_kwargs, token = _shared(box)
-  if engine_kwargs.get("checkpoint_dir") is not None:
-    checkpoints.check_reachable(engine_kwargs["checkpoint_dir"], token)
-  return local_trainer(plan)([candidates[i] for i in indices], plan, **engine_kwargs)
+  candidates, plan, worker, kwargs, token = _shared(box)
+  if kwargs.get("checkpoint_dir") is not None:
+    checkpoints.check_reachable(kwargs["checkpoint_dir"], token)
+  return worker([candidates[i] for i in indices], plan, **kwargs)
 
 
 def _alive_nodes(ray) -> dict:
@@ -93,95 +127,57 @@ def _say(line: str) -> None:
   tqdm.write(f"jaxdp: {line}", file=sys.stderr)
 
 
-def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num_cpus: float = 1,
-                         num_gpus: float = 0, address: Optional[str] = None, max_retries: int = 3,
-                         progress: bool = False, on_chunk: Optional[Callable[[list], None]] = None,
-                         keep_params: bool = False, initial_params=None, **engine_kwargs) -> list:
-  """Trains candidates in Ray tasks of `chunk_size` candidates each.
+def run_chunks(candidates: Sequence, plan, worker: Callable, kwargs: dict, *, options,
+               on_chunk: Optional[Callable[[list], None]]) -> list:
+  """Trains `candidates` of `plan` in Ray tasks of `options.chunk_size` (a `RayTrainer`), each
+  running `worker(chunk, plan, **kwargs)`; results in input order.
 
-  Args:
-    candidates: the candidates.
-    data: their `jaxdp.sweep.SearchPlan` (or `jaxdp.sweep.functions.FunctionPlan`: a
-      training function, shipped to the workers by cloudpickle, so its module must be
-      importable there or registered with `cloudpickle.register_pickle_by_value`), or a
-      `Dataset` of which the plan is
-      built here, on the driver (checked once); the plan is put in Ray's
-      object store once, with the candidates, and each worker deserialises
-      them once per call and checks nothing again.
-    chunk_size: candidates per task (>= 1); a killed task loses at most these.
-    num_cpus, num_gpus: resources each task asks Ray for.
-    address: the cluster to join when Ray is not initialised yet ("auto", or
-      "host:port" of a head started with `ray start --head`); None starts a
-      local instance. Ignored when `ray.init` was called already.
-    max_retries: how many times Ray reruns a task whose worker or node died
-      (the rerun trains the same candidates with the same keys: the same results).
-    progress: progress bar with ETA.
-    on_chunk: called with (candidate, result) pairs as each task finishes.
-    keep_params: return parameters too (they travel back through Ray).
-    initial_params: as in `engine.train_candidates` (only with a `Dataset`).
-    **engine_kwargs: passed to `engine.train_candidates` inside each task;
-      its `search_size` is capped at `chunk_size` (each task lays out a full
-      chunk, so a candidate gets the same bits in whichever chunk it lands).
-      With `checkpoint_dir` (a durable store's `<run_dir>/checkpoints`) the
-      workers write the candidates' checkpoints there, and a task that Ray
-      retries after its worker or node was lost resumes them mid-way. On a
-      multi-node cluster that directory must be storage every node reaches
-      (a shared file system): each task checks that it sees the driver's
-      (a token the driver writes there) before it trains, and fails with a
-      ValueError naming its node otherwise.
+  The candidates, the plan, the worker and `kwargs` are put in Ray's object
+  store once, and each worker deserialises them once per call. With a
+  `checkpoint_dir` in `kwargs` (a durable store's `<run_dir>/checkpoints`) the
+  workers write the candidates' checkpoints there, and a task that Ray retries
+  after its worker or node was lost resumes them mid-way. On a multi-node
+  cluster that directory must be storage every node reaches (a shared file
+  system): each task checks that it sees the driver's (a token the driver
+  writes there) before it trains, and fails with a ValueError naming its node
+  otherwise.
 
   Output: one `jaxdp:` line on stderr per chunk whose candidates resumed from
   checkpoints, and one per Ray node lost during the call once Ray's GCS
   declares it dead (after `health_check_period_ms` x
   `health_check_failure_threshold`, about 15 s by default; Ray retries the
   lost tasks sooner, so a call that ends within that time shows the loss only
-  as the resumed chunk's line). Ray's own worker logs stay on the workers
-  (`log_to_driver=False`).
-
-  Returns:
-    Results in input order.
+  as the resumed chunk's line). Neither names a candidate. Ray's own worker
+  logs stay on the workers (`log_to_driver=False`).
 
   Raises:
-    ValueError: Ray is not installed, the cluster at `address` cannot be
-      reached, a bad `chunk_size` / `max_retries`, or `devices` given (all
-      before any training).
+    ValueError: Ray is not installed, or the cluster at `options.address` cannot be reached
+      (before any training).
   """
-  ray = _require_ray()
-  chunk_size = _validate.integer("chunk_size", chunk_size, low=1)
-  if engine_kwargs.get("devices") is not None:
-    raise ValueError("devices names this process's jax devices, which a Ray task does not have: "
-                     "each task trains on the devices its worker sees (num_gpus= asks Ray for them)")
-  max_retries = _validate.integer("max_retries", max_retries, low=0)
-  engine.check_options(progress=progress, on_chunk=on_chunk, max_candidates_per_device=engine_kwargs.get(
-      "max_candidates_per_device"))
-  plan = as_plan(candidates, data, initial_params)
+  ray = require_ray()
   if not ray.is_initialized():
-    _check_reachable(address)
+    check_reachable(options.address)
     try:
-      ray.init(address=address, include_dashboard=False, log_to_driver=False)
+      ray.init(address=options.address, include_dashboard=False, log_to_driver=False)
     except Exception as err:  # Ray raises ConnectionError, RuntimeError, ... by version
-      raise ValueError(f"cannot start or reach Ray (address={address!r}): {type(err).__name__}: "
-                       f"{err}") from err
-  remote = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=max_retries)(_train_chunk)
-  # Every task chooses the layout of a full chunk (or of the whole, smaller
-  # search), so a candidate gets the same bits in whichever chunk it lands:
-  # the short last chunk, or a rerun of only what a crash left missing.
-  search_size = min(chunk_size, engine_kwargs.pop("search_size", None) or chunk_size)
-  kwargs = dict(engine_kwargs, keep_params=keep_params, search_size=search_size)
+      raise ValueError(f"cannot start or reach Ray (address={options.address!r}): "
+                       f"{type(err).__name__}: {err}") from err
+  remote = ray.remote(num_cpus=options.num_cpus, num_gpus=options.num_gpus,
+                      max_retries=options.max_retries)(_train_chunk)
   token = None
   if kwargs.get("checkpoint_dir") is not None:
     token = checkpoints.mark_reachable(kwargs["checkpoint_dir"])
-  box = [ray.put((list(candidates), plan, kwargs, token))]
+  box = [ray.put((list(candidates), plan, worker, kwargs, token))]
   nodes = _alive_nodes(ray)
   pending = {}
-  for start in range(0, len(candidates), chunk_size):
-    idx = list(range(start, min(start + chunk_size, len(candidates))))
+  for start in range(0, len(candidates), options.chunk_size):
+    idx = list(range(start, min(start + options.chunk_size, len(candidates))))
     pending[remote.remote(box, idx)] = idx
   results: list = [None] * len(candidates)
-  with candidates_bar(len(candidates), progress, "candidates (ray)") as bar:
+  with candidates_bar(len(candidates), options.progress, "candidates (ray)") as bar:
     while pending:
       ready, _ = ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
-      nodes = _report_lost(ray, nodes, max_retries, token is not None)
+      nodes = _report_lost(ray, nodes, options.max_retries, token is not None)
       if not ready:
         continue
       idx = pending.pop(ready[0])
@@ -195,5 +191,5 @@ def train_candidates_ray(candidates: Sequence, data, *, chunk_size: int = 4, num
       if on_chunk is not None:
         on_chunk([(candidates[i], res) for i, res in zip(idx, chunk)])
       bar.update(len(idx))
-  _report_lost(ray, nodes, max_retries, token is not None)
+  _report_lost(ray, nodes, options.max_retries, token is not None)
   return results

@@ -1,10 +1,11 @@
 """The one durable store of trained candidates: tuners, `run_sweep` and the audit train through it.
 
-`CandidateStore` trains what a `SearchPlan`'s candidates still miss through a
-pluggable trainer (`jaxdp.sweep.train_candidates`, the Ray backend, or
-anything with their signature), appends each chunk to a `ResultPool` in
-`run_dir` as soon as it ends (records and, when kept, parameters), and reads
-every candidate back from there. Without a `run_dir` it only trains.
+`CandidateStore` trains what a plan's candidates still miss (any
+`jaxdp.sweep.plan.SearchPlan`) through a trainer (`jaxdp.sweep.trainers`:
+`LocalTrainer`, `RayTrainer`), appends each chunk to a `ResultPool` in
+`run_dir` as soon as it ends (records and, when kept, parameters or
+artifacts), and reads every candidate back from there. Without a `run_dir` it
+only trains.
 
 A rerun with the same arguments and key draws the same candidates, trains
 only those missing, and gets what an uninterrupted run gets: the same
@@ -12,7 +13,8 @@ records, the parameters bit for bit on the same machine (read back from the
 same bytes). That is the only reason resuming is private: it is the same
 draw of the same mechanism. So a rerun that would be another draw, or the
 same draw of another mechanism, is refused before anything trains: the
-pool's manifest holds the search's fingerprint (`SearchPlan.fingerprint`:
+pool's manifest holds the search's fingerprint (`SearchPlan.fingerprint`,
+`search_fields`:
 the caller's description, the data's sha256, the public start's digest) and
 its mechanism per grid point (`SearchPlan.mechanism`: the configuration,
 the candidates' DpEvent, the DP score's included, and the digest of the
@@ -33,9 +35,8 @@ or a pickled artifact (which runs code when it is read) and so choose what a
 resumed search releases. Keep it where only you and your job can read and
 write, as you keep the data.
 
-What a record holds is the plan's to say (`SearchPlan.record` / `result` for a
-task's candidates, `FunctionPlan.record` / `result` for a training function's,
-with its artifact), so one store serves both.
+What a record holds is the plan's to say (`SearchPlan.record` / `result`), so
+one store serves every kind of plan.
 """
 
 from __future__ import annotations
@@ -44,30 +45,19 @@ import json
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from jaxdp.sweep import engine
 from jaxdp.sweep.checkpoints import DIRNAME as CHECKPOINTS, Checkpoints
-from jaxdp.sweep.functions import FunctionPlan, train_functions
-from jaxdp.sweep.plan import (SearchPlan, as_plan, event_record, record_of, result_fields,
-                              result_from_record)
+from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.pool import (MANIFEST, ParamsDamagedError, PoolMismatchError, ResultPool,
                               SearchMismatchError)
+from jaxdp.sweep.records import event_record, result_fields, result_from_record
 from jaxdp.sweep.space import Candidate, config_record
+from jaxdp.sweep.task_plan import task_plan_of
+from jaxdp.sweep.trainers import Trainer, default_trainer
+from jaxdp.sweep.trainers import check as check_trainer
 from jaxdp.train.run_plan import RunPlan
 from jaxdp.train.trainer import CandidateResult
 
-__all__ = ["CandidateStore", "Trainer", "check_run_dir", "local_trainer", "record_of", "run_sweep"]
-
-#: The training backend: `jaxdp.sweep.train_candidates(candidates, plan, ...)` or anything with
-#: its signature, e.g. `jaxdp.sweep.ray_backend.train_candidates_ray`. A store calls it with
-#: `keep_params`, `search_size`, `on_chunk` (with a `run_dir`), `checkpoint_dir` (with a
-#: `run_dir`: where the candidates' checkpoints live) and the engine options it was given.
-Trainer = Callable[..., list]
-
-
-def local_trainer(plan) -> Trainer:
-  """What trains `plan`'s candidates on this host: the engine for a task's `SearchPlan`,
-  `jaxdp.sweep.functions.train_functions` for a `FunctionPlan`."""
-  return train_functions if isinstance(plan, FunctionPlan) else engine.train_candidates
+__all__ = ["CandidateStore", "check_run_dir", "run_sweep"]
 
 
 class CandidateStore:
@@ -77,41 +67,39 @@ class CandidateStore:
   lock until it closes (a second process gets `PoolLockedError`).
 
   Args:
-    plan: the `SearchPlan` (or `jaxdp.sweep.functions.FunctionPlan`) every candidate belongs to.
+    plan: the `jaxdp.sweep.plan.SearchPlan` every candidate belongs to.
     run_dir: None (nothing on disk) or the pool's directory.
     fingerprint: what the search is (a tuner's: `SearchPlan.search_fields`);
       the data's sha256 and the public start's digest are always added
       (`SearchPlan.fingerprint`), so a store opened on other data is refused.
     points: the grid points whose mechanism the pool records (None: every
       point of the plan).
-    trainer: the backend (None: `local_trainer(plan)`).
+    trainer: a `jaxdp.sweep.trainers` trainer (None: `LocalTrainer()`); its own `on_chunk`
+      is called after a chunk is on disk.
     keep_params: read each candidate's parameters back (`train`), and store
       them with its record.
-    engine_kwargs: forwarded to the trainer; an `on_chunk` given there is
-      called as well, after the chunk is on disk.
 
   Raises:
     SearchMismatchError: `run_dir` holds another search, or this one run by
       another mechanism (before anything trains).
   """
 
-  def __init__(self, plan: Any, *, run_dir: Optional[str] = None,
+  def __init__(self, plan: SearchPlan, *, run_dir: Optional[str] = None,
                fingerprint: Optional[Mapping[str, Any]] = None,
                points: Optional[Sequence[Mapping[str, Any]]] = None,
-               trainer: Optional[Trainer] = None, keep_params: bool = True,
-               engine_kwargs: Optional[Mapping[str, Any]] = None):
-    self.plan, self.trainer = plan, trainer or local_trainer(plan)
+               trainer: Optional[Trainer] = None, keep_params: bool = True):
+    self.plan, self.trainer = plan, default_trainer(trainer)
     self.keep_params = keep_params
-    self.engine_kwargs = dict(engine_kwargs or {})
     self.pool: Optional[ResultPool] = None
     self.checkpoints: Optional[Checkpoints] = None
+    self._checkpoint_dir: Optional[str] = None
     if run_dir is not None:
       self.pool = _open(plan, run_dir, fingerprint, points, read_only=False)
     if run_dir is not None and plan.checkpointed:
       self.checkpoints = Checkpoints(os.path.join(run_dir, CHECKPOINTS))
       # A crash between storing a record and removing its checkpoints leaves them: gone now.
       self.checkpoints.remove(set(self.checkpoints.held()) & self.pool.done_ids())
-      self.engine_kwargs["checkpoint_dir"] = self.checkpoints.directory
+      self._checkpoint_dir = self.checkpoints.directory
     # What the run directory held when it opened, and what this search has asked for since:
     # `resumed` counts the candidates read back from an earlier run, never a repeated draw.
     self._held = set() if self.pool is None else self.pool.done_ids()
@@ -152,8 +140,9 @@ class CandidateStore:
     if not candidates:
       return []
     if self.pool is None:
-      return self.trainer(list(candidates), self.plan, keep_params=self.keep_params,
-                          search_size=len(candidates), **self.engine_kwargs)
+      held = self._run_trainer(list({c.id: c for c in candidates}.values()), len(candidates),
+                               lambda chunk: None)
+      return [held[c.id] for c in candidates]
     for _ in range(2):  # a second pass retrains what lost its parameters file
       self.fill(candidates)
       try:
@@ -169,21 +158,49 @@ class CandidateStore:
     self._asked.update(c.id for c in candidates)
     if not todo:
       return
-    user_on_chunk = self.engine_kwargs.get("on_chunk")
 
-    def on_chunk(chunk):
+    def store(chunk):
       stored = [(c, *self.plan.record(c, r)) for c, r in chunk]
       self.pool.append([record for _, record, _ in stored],
                        params={c.id: kept for c, _, kept in stored} if self.keep_params else None)
       if self.checkpoints is not None:  # stored durably: their checkpoints (secret) go
         self.checkpoints.remove(c.id for c, _ in chunk)
         self.resumed_steps.update({c.id: r.resumed_step for c, r in chunk if r.resumed_step})
-      if user_on_chunk is not None:
-        user_on_chunk(chunk)
 
-    kwargs = dict(self.engine_kwargs, on_chunk=on_chunk)
-    self.trainer(todo, self.plan, keep_params=self.keep_params, search_size=len(candidates),
-                 **kwargs)
+    self._run_trainer(todo, len(candidates), store)
+
+  def _run_trainer(self, todo: list, search_size: int, store: Callable[[list], None]) -> dict:
+    """id -> result of every candidate in `todo`, as the trainer reported them to `on_chunk`
+    (each chunk `store`d as it comes), with or without a `run_dir` alike.
+
+    Raises:
+      RuntimeError: the trainer broke its contract: it reported a candidate it was not given,
+        one twice, a result that is not its candidate's (`SearchPlan.check_result`), or
+        returned without reporting them all. Nothing it reported wrongly is stored. The
+        message names no candidate and no count (both say something of K).
+    """
+    wanted = {c.id: c for c in todo}
+    held: dict = {}
+
+    def on_chunk(chunk):
+      chunk = [(wanted.get(getattr(c, "id", None)), r) for c, r in chunk]
+      if any(c is None or c.id in held for c, _ in chunk) or len({c.id for c, _ in chunk}) < len(chunk):
+        raise RuntimeError("the trainer reported a candidate it was not given, or one twice")
+      for c, r in chunk:
+        try:
+          self.plan.check_result(c, r)
+        except ValueError as err:
+          raise RuntimeError(f"the trainer broke its contract: {err}") from None
+      store(chunk)
+      held.update((c.id, r) for c, r in chunk)
+
+    returned = self.trainer(todo, self.plan, keep_params=self.keep_params, search_size=search_size,
+                            on_chunk=on_chunk, checkpoint_dir=self._checkpoint_dir)
+    if len(held) != len(wanted) or returned is None or len(returned) != len(todo):
+      raise RuntimeError("the trainer returned without reporting one result per candidate to "
+                         "on_chunk: a trainer must call on_chunk for every chunk it trains and "
+                         "return one result per candidate")
+    return held
 
   def train_lone(self, record_id: str, run: RunPlan, train: Callable[[], CandidateResult]
                  ) -> CandidateResult:
@@ -222,10 +239,9 @@ class CandidateStore:
 
   def _stored(self, candidates: Sequence[Candidate]) -> list:
     records = {r["id"]: r for r in self.pool.records}
-    missing = [c.id for c in candidates if c.id not in records]
-    if missing:
-      raise RuntimeError(f"the trainer returned without storing {len(missing)} candidate(s): a backend "
-                         "must call on_chunk for every chunk it trains")
+    if any(c.id not in records for c in candidates):  # `_run_trainer` checked the trainer
+      raise RuntimeError(f"{self.pool.run_dir!r} lost candidates it had stored while the search "
+                         "ran: another process changed it")
     if not self.keep_params:
       return [self.plan.result(c, records[c.id], None) for c in candidates]
     leaves = self.pool.load_params([records[c.id] for c in {c.id: c for c in candidates}.values()])
@@ -265,13 +281,12 @@ def _open(plan: SearchPlan, run_dir: str, fingerprint, points, *, read_only: boo
 
 
 def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: Mapping[str, Any], *,
-              progress: bool = True, trainer: Optional[Trainer] = None,
-              initial_params: Any = None, **engine_kwargs) -> ResultPool:
+              trainer: Optional[Trainer] = None, initial_params: Any = None) -> ResultPool:
   """Trains the candidates not yet in the pool at `run_dir`, appending each chunk as it ends.
 
   Args:
     candidates: all candidates of the sweep (finished ones are skipped).
-    data: a `jaxdp.data.Dataset`, or the `SearchPlan` of the candidates.
+    data: a `jaxdp.data.Dataset`, or the `jaxdp.sweep.plan.SearchPlan` of the candidates.
     run_dir: the pool's directory.
     fingerprint: what the sweep is; a directory with another one is refused.
       The mechanism of every grid point among `candidates` (its
@@ -281,12 +296,9 @@ def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: 
       DP score, clipping path, trainable set, loss, model, optimizer, data or
       public start is refused whatever `fingerprint` says; a rerun may add
       grid points and seeds.
-    progress: progress bar with ETA.
-    trainer: the training backend, `jaxdp.sweep.train_candidates` by default
-      (the Ray backend has the same signature). It is called only after the
-      pool has been checked, here on the driver.
+    trainer: a `jaxdp.sweep.trainers` trainer (None: `LocalTrainer()`; `progress=True` for a
+      bar). It is called only after the pool has been checked, here on the driver.
     initial_params: as in `jaxdp.sweep.train_candidates` (only with a `Dataset`).
-    **engine_kwargs: passed to the backend (`max_candidates_per_device`, ...).
 
   Returns:
     The `ResultPool`, now holding every candidate, closed (its writer lock
@@ -302,11 +314,17 @@ def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: 
     raise ValueError("candidates must be distinct (same grid point and seed given twice)")
   if not isinstance(fingerprint, Mapping):
     raise ValueError(f"fingerprint must be a mapping, got {fingerprint!r:.200}")
-  engine.check_options(progress=progress, **{k: v for k, v in engine_kwargs.items()
-                                             if k in ("devices", "max_candidates_per_device")})
-  plan = as_plan(candidates, data, initial_params)
+  trainer = default_trainer(trainer)
+  if isinstance(data, SearchPlan):
+    if initial_params is not None:
+      raise ValueError("initial_params is part of the plan: give it to its build, not with a plan")
+    data.check_candidates(candidates)
+    plan = data
+  else:
+    plan = task_plan_of(candidates, data, initial_params)
+  check_trainer(trainer, plan)
   with CandidateStore(plan, run_dir=run_dir, fingerprint=fingerprint,
-                      points=[c.point for c in candidates], trainer=trainer, keep_params=False,
-                      engine_kwargs=dict(engine_kwargs, progress=progress)) as store:
+                      points=[c.point for c in candidates], trainer=trainer,
+                      keep_params=False) as store:
     store.fill(candidates)
   return store.pool

@@ -31,7 +31,8 @@ from jaxdp.train import schedules
 from jaxdp.train.clipping import (ClipScales, ClipState, NormBound, clip_per_example, clip_scales, clip_per_example_l2,
                                   clipped_grad_sum, gradient_bound, per_example_global_norms,
                                   per_example_grads, weighted_sum)
-from jaxdp.train.ghost import GhostLayer, GhostSplit, ghost_clipped_grad_sum, ghost_layers
+from jaxdp.train.ghost import ghost_clipped_grad_sum
+from jaxdp.train.ghost_analysis import GhostLayer, GhostSplit, ghost_layers
 from jaxdp.train.microbatching import auto_microbatch_size, per_example_bytes
 from jaxdp.train.noise import (ExpectedBatchState, GaussianNoiseState, add_gaussian_noise,
                                normalize_by_expected_batch_size)
@@ -43,7 +44,8 @@ from jaxdp.train.task import (CLIPPING_METHODS, DpScore, HParams, Model, NoisyMe
 from jaxdp.train.checks import check_task
 from jaxdp.train.config import (CONFIG_FIELDS, EPSILON_METHOD, ExecutionConfig, NotPrivateWarning,
                                 TrainConfig, UncheckedHparamsWarning, epsilon)
-from jaxdp.train.program import LoopOutput, LoopSpec, build_evaluate, build_train_loop, init_params
+from jaxdp.train.program import LoopOutput, build_evaluate, build_train_loop, init_params
+from jaxdp.train.loop_spec import LoopSpec
 from jaxdp.train.trainer import CandidateResult, train_candidate
 from jaxdp.train import digest  # program digests: what a durable pool records of a candidate's code
 

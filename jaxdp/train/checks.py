@@ -22,8 +22,8 @@ import numpy as np
 from jaxdp.data import Dataset
 from jaxdp.train.plan import DpSgdPlan
 from jaxdp.train import trainable as trainable_lib
-from jaxdp.train.program import (LoopSpec, abstract, build_evaluate, build_outputs, build_private_score,
-                                 build_train_loop)
+from jaxdp.train.program import build_evaluate, build_outputs, build_private_score, build_train_loop
+from jaxdp.train.loop_spec import LoopSpec, abstract
 from jaxdp.train.task import _CONCRETIZATION_ERRORS, DpScore, Model, NoisyMean, Task
 from jaxdp.train.trainable import path_str
 

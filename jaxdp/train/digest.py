@@ -61,8 +61,9 @@ import numpy as np
 
 from jaxdp.data import Dataset
 from jaxdp.train import program
+from jaxdp.train import loop_spec
 from jaxdp.train.plan import DpSgdPlan
-from jaxdp.train.program import LoopSpec
+from jaxdp.train.loop_spec import LoopSpec
 from jaxdp.train.sampling import default_padded_batch_size
 
 #: An object's address in a repr ("<function f at 0x7f3a...>"): it differs per process.
@@ -194,7 +195,7 @@ def program_digest(spec: LoopSpec, data: Dataset) -> str:
       num_steps=spec.num_steps, num_examples=spec.num_examples))
   traced = {name: scalar for name in canonical.traced_names}
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-  splits = [None if split is None else program.abstract(split)
+  splits = [None if split is None else loop_spec.abstract(split)
             for split in (data.train, data.test, data.private_validation)]
   closed = jax.make_jaxpr(functools.partial(program.run_candidate, canonical))(plan, traced, key, *splits)
   host = _host_code(closed)

@@ -68,7 +68,7 @@ def per_example_bytes(loss_fn: Callable[..., jax.Array], params: PyTree, example
       (frozen parameters), arrays or `jax.ShapeDtypeStruct`s.
     without: leaves of `params` (`jax.tree_util.keystr` paths) whose
       per-example gradients are never materialised (ghost clipping's layers,
-      `jaxdp.train.ghost.ghost_layers(...).ghost_leaves`): they are not
+      `jaxdp.train.ghost_analysis.ghost_layers(...).ghost_leaves`): they are not
       differentiated, so neither their gradients nor the buffers that build
       them (an embedding's vocabulary-sized scatter) are counted.
     extra: bytes to add for what replaces those gradients

@@ -21,7 +21,8 @@ from jaxdp.data import Dataset
 from jaxdp.train import checks
 from jaxdp.train.config import TrainConfig, epsilon
 from jaxdp.train.plan import DpSgdPlan
-from jaxdp.train.program import LoopSpec, abstract, clipping_paths, param_shapes
+from jaxdp.train.program import param_shapes
+from jaxdp.train.loop_spec import LoopSpec, abstract, clipping_paths
 
 PyTree = Any
 

@@ -33,8 +33,8 @@ import numpy as np
 from jaxdp import _validate
 from jaxdp.data import Dataset
 from jaxdp.train.config import EPSILON_METHOD, TrainConfig
-from jaxdp.train.program import (LoopOutput, compile_cached, compiled, empty_state, output,
-                                 traced_hparams)
+from jaxdp.train.program import LoopOutput, compile_cached, compiled, empty_state, output
+from jaxdp.train.loop_spec import traced_hparams
 from jaxdp.train.run_plan import RunPlan, plan_runs
 from jaxdp.train.task import Task
 

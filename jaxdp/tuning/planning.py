@@ -1,183 +1,130 @@
-"""Before any training: the search's DpEvent, noise for a target epsilon, and a dry run.
+"""Before any training: a search's plan, its noise for a target epsilon, its accounting, and a
+dry run.
 
-Every tuner accounts a candidate as the DpEvent of the configurations that
-run (`TrainConfig.dp_event`, built from the same `DpSgdPlan` the trainer
-uses, with the DP score's event composed in); a grid whose candidates differ
-in privacy is accounted as `UniformCandidates` over their events (Koskela &
-Kulkarni 2023, Lemma 1), since which one runs depends on the draws.
+Every tuner accounts a candidate as the DpEvent of the runs its plan runs
+(`jaxdp.sweep.plan.candidate_event`: a task's configurations, built from the
+same `DpSgdPlan` the trainer uses with the DP score's event composed in, or a
+training function's `dp_event_fn`); a grid whose candidates differ in privacy
+is accounted as `UniformCandidates` over their events (Koskela & Kulkarni
+2023, Lemma 1), since which one runs depends on the draws. The plan says what
+runs; the search's event and epsilon are the tuner's (`Accounting`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional
+import math
+import warnings
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-import dp_accounting
-import numpy as np
-
-from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.accounting import inverse
-from jaxdp.sweep.functions import FunctionPlan
-from jaxdp.sweep.identity import function_name
-from jaxdp.sweep.plan import SearchPlan
-from jaxdp.sweep.space import SearchSpace
-from jaxdp.train.trainer import score_source
+from jaxdp.data import Dataset
+from jaxdp.sweep.build import Trainable, build_plan, noise_family
+from jaxdp.sweep.plan import SearchPlan, candidate_event
+from jaxdp.sweep.task_plan import Group
+from jaxdp.train.config import NotPrivateWarning
 
-#: The largest noise multiplier `calibrate_noise` tries.
+#: The largest noise a calibration tries.
 SIGMA_MAX = 1e3
-#: Where a training function's score comes from: the caller's contract (README, "Tune any trainer").
-FUNCTION_SCORE_SOURCE = ("returned by train_fn (public data, or DP with its event inside dp_event: "
-                         "the caller's contract, not checked)")
 
 
-def candidate_event(space: SearchSpace, num_examples: int) -> dp_accounting.DpEvent:
-  """One candidate's guarantee: its DpEvent, or the worst over the grid (KK Lemma 1)."""
-  events = space.events(num_examples)
-  return events[0] if len(events) == 1 else acc.UniformCandidates(events)
+@dataclasses.dataclass(frozen=True)
+class Accounting:
+  """What a tuner accounts for its whole search, from the plan that runs (never from a target).
+
+  Attributes:
+    event: the search's DpEvent (its candidates' inside the selection's).
+    epsilon: its epsilon at `delta` ("best": the tightest valid method).
+    delta: the target delta.
+    noise_multiplier: the noise calibrated for a target epsilon, or None.
+  """
+  event: Any
+  epsilon: float
+  delta: float
+  noise_multiplier: Optional[float] = None
 
 
-def plan_event(plan: Any) -> dp_accounting.DpEvent:
-  """One candidate's guarantee from the runs the plan will run: its DpEvent, or the worst over
-  the grid (KK Lemma 1)."""
-  events = []
-  for run in plan.runs:
-    if run.dp_event not in events:
-      events.append(run.dp_event)
-  return events[0] if len(events) == 1 else acc.UniformCandidates(events)
-
-
-def with_noise(space: SearchSpace, sigma: float) -> SearchSpace:
-  """`space` with every candidate's noise multiplier set to `sigma`."""
-  return SearchSpace(space.base.replace(noise_multiplier=float(sigma)), space.grid, space.derive)
-
-
-def calibrate_noise(space: SearchSpace, num_examples: int, outer: Callable[[Any], Any], *,
-                    target_epsilon: float, delta: float) -> float:
-  """Smallest sigma (within 0.1%) for which the whole search meets (target_epsilon, delta).
+def prepare(trainable: Trainable, search_space: Optional[Mapping[str, Sequence]],
+            data: Optional[Dataset], *, outer: Callable[[Any], Any], target_delta: float,
+            target_epsilon: Optional[float], initial_params: Any = None) -> tuple:
+  """(plan, `Accounting`) of a search, before anything is drawn or trained: every argument
+  checked once, the noise calibrated if asked, the whole search accounted.
 
   Args:
-    space: the search space; its grid must not vary `noise_multiplier`.
-    num_examples: N (public).
-    outer: candidate event -> the search's event (e.g. RepeatAndSelect with K's law).
-    target_epsilon: the budget of the whole search, > 0.
-    delta: in (0, 1).
-
-  Returns:
-    sigma; the search with it re-accounts to at most `target_epsilon` ("best").
+    trainable, search_space, data, initial_params: as the tuners take them.
+    outer: candidate event -> the search's event (e.g. `acc.RepeatAndSelect(_, K)`).
+    target_delta: delta in (0, 1).
+    target_epsilon: None, or the epsilon the calibrated search must meet.
 
   Raises:
-    ValueError: the grid varies sigma, or no sigma <= 1e3 meets the target
-      (e.g. a DP score alone already spends more).
+    ValueError: a bad argument, an event no method accounts, or an unreachable target.
   """
-  target_epsilon = _validate.real("target_epsilon", target_epsilon, low=0.0, low_open=True)
-  if "noise_multiplier" in space.grid:
-    raise ValueError("target_epsilon sets noise_multiplier for the whole search: remove "
-                     "'noise_multiplier' from the grid")
-
-  def make_event(sigma):
-    return outer(candidate_event(with_noise(space, sigma), num_examples))
-
-  return _noise_for(make_event, target_epsilon, delta,
-                    lambda: _out_of_reach(space, make_event, outer, target_epsilon, delta))
+  noise = None
+  if target_epsilon is not None:
+    noise = calibrate(trainable, search_space, data, outer, target_epsilon=target_epsilon,
+                      delta=target_delta)
+  plan = build_plan(trainable, search_space, data, initial_params=initial_params, noise=noise)
+  return plan, account(plan, outer, target_delta, target_epsilon, noise)
 
 
-def _noise_for(make_event, target_epsilon: float, delta: float, why: Callable[[], str]) -> float:
-  """`inverse.noise_for` up to `SIGMA_MAX`, its out-of-reach error told by `why()`."""
+def account(plan: SearchPlan, outer: Callable[[Any], Any], delta: float,
+            target_epsilon: Optional[float] = None, noise: Optional[float] = None) -> Accounting:
+  """The whole search's event and epsilon, from the runs that will run: never from the target,
+  which it must meet. Warns (`NotPrivateWarning`) when epsilon is infinite."""
+  event = outer(candidate_event(plan))
+  try:
+    epsilon = acc.epsilon(event, delta, method="best")
+  except (ArithmeticError, TypeError) as err:  # e.g. LaplaceDpEvent(0.0), a string noise
+    raise ValueError(f"the search's events cannot be accounted ({type(err).__name__}: {err}): "
+                     f"{acc.describe(event):.300}") from err
+  if target_epsilon is not None and epsilon > target_epsilon:
+    raise ValueError(f"the calibrated search accounts to epsilon={epsilon!r} > "
+                     f"target_epsilon={target_epsilon!r}; nothing was trained")
+  if math.isinf(epsilon):
+    warnings.warn(f"this search is not differentially private: its event "
+                  f"({acc.describe(event):.200}) accounts to epsilon = inf", NotPrivateWarning,
+                  stacklevel=4)
+  return Accounting(event=event, epsilon=float(epsilon), delta=float(delta),
+                    noise_multiplier=None if noise is None else float(noise))
+
+
+def calibrate(trainable: Trainable, search_space, data, outer: Callable[[Any], Any], *,
+              target_epsilon: float, delta: float) -> float:
+  """Smallest noise (within 0.1%) for which the whole search meets (target_epsilon, delta): a
+  task's noise multiplier, a `TrainFunction`'s `noise_parameter` through its `dp_event_fn`.
+
+  Raises:
+    ValueError: there is no noise to calibrate (see `jaxdp.sweep.build.noise_family`), or no
+      noise <= `SIGMA_MAX` meets the target (naming what costs it).
+  """
+  family = noise_family(trainable, search_space, data)
+
+  def make_event(noise):
+    return outer(family.event_at(noise))
   try:
     return inverse.noise_for(make_event, target_epsilon, delta, sigma_max=SIGMA_MAX,
                              where=" for this search")
   except ValueError as err:
     if "out of reach" not in str(err):
       raise
-    raise ValueError(why()) from None
-
-
-def _out_of_reach(space: SearchSpace, make_event, outer, target_epsilon: float, delta: float) -> str:
-  """Why no sigma meets the target: the parts whose cost sigma does not change, with their epsilon."""
   at_max = acc.epsilon(make_event(SIGMA_MAX), delta, "best")
-  head = (f"target_epsilon={target_epsilon!r} is out of reach for this search: even "
-          f"noise_multiplier={SIGMA_MAX!r} does not meet it at delta={delta!r} (the largest sigma "
-          f"tried; it gives epsilon={at_max:.4g}).")
-  score = space.base.task.score_event
-  if score is None:
-    return (f"{head} Every part of this search's event is DP-SGD training, whose cost falls with "
-            "sigma: raise the target, or train for fewer steps or at a lower sampling rate")
-  fixed = acc.epsilon(outer(score), delta, "best")
-  return (f"{head} Its cost does not depend on the training noise: the DP score "
-          f"({acc.describe(score)}, composed into every candidate and selected over the search as "
-          f"the candidates are) alone costs epsilon={fixed:.4g} at this delta. Raise the score's "
-          "noise_multiplier, score fewer candidates (a smaller E[K]), or raise the target; more "
-          "training noise or fewer steps cannot help")
+  raise ValueError(
+      f"target_epsilon={target_epsilon!r} is out of reach for this search: even "
+      f"{family.name}={SIGMA_MAX!r} does not meet it at delta={delta!r} (the largest "
+      f"{family.name} tried; it gives epsilon={at_max:.4g}). {family.out_of_reach(outer, delta)}")
 
 
-def calibrate_function_noise(train_fn, grid, event_fn, name: str, outer: Callable[[Any], Any], *,
-                             target_epsilon: float, delta: float) -> float:
-  """Smallest value (within 0.1%) of the hyperparameter `name` for which the whole search over
-  a training function meets (target_epsilon, delta), through `event_fn` (as `calibrate_noise`
-  for a task's noise multiplier).
-
-  Raises:
-    ValueError: the grid sets `name`, `event_fn` does not depend on it, or no value <= 1e3
-      meets the target.
-  """
-  def make_event(sigma):
-    plan = FunctionPlan.build(train_fn, grid, event_fn, noise=(name, float(sigma)),
-                              argument="search_space")
-    return outer(plan_event(plan))
-
-  if make_event(1.0) == make_event(2.0):
-    raise ValueError(f"dp_event gives the same events for {name}=1.0 and {name}=2.0: it does not "
-                     f"read noise_parameter={name!r}, so target_epsilon cannot calibrate it")
-
-  def why() -> str:
-    at_max = acc.epsilon(make_event(SIGMA_MAX), delta, "best")
-    return (f"target_epsilon={target_epsilon!r} is out of reach for this search: even "
-            f"{name}={SIGMA_MAX!r} (the largest value tried) gives epsilon={at_max:.4g} at "
-            f"delta={delta!r}. The part of dp_event's event that {name} does not change (a DP "
-            "score's, say) may alone cost more: raise the target, or spend less there")
-
-  return _noise_for(make_event, target_epsilon, delta, why)
-
-
-def k_quantile(repetitions: acc.KDistribution, p: float) -> int:
+def k_quantile(distribution: acc.KDistribution, p: float) -> int:
   """Smallest k with P(K <= k) >= p."""
   hi = 1
-  while float(repetitions.sf(hi)) > 1.0 - p:
+  while float(distribution.sf(hi)) > 1.0 - p:
     hi *= 2
   lo = -1
   while hi - lo > 1:
     mid = (lo + hi) // 2
-    lo, hi = (lo, mid) if float(repetitions.sf(mid)) <= 1.0 - p else (mid, hi)
+    lo, hi = (lo, mid) if float(distribution.sf(mid)) <= 1.0 - p else (mid, hi)
   return hi
-
-
-@dataclasses.dataclass(frozen=True)
-class Group:
-  """Candidates that share one compiled program.
-
-  Attributes:
-    static: the static hyperparameters.
-    traced: names vmapped within the group.
-    grid_points: how many grid points fall in it.
-    sampling_prob: q.
-    steps: DP steps per candidate.
-    padded_batch_size: rows per step on the common path.
-    auto_static: (name, why) of each float made static because the optimizer
-      factory needs its value (`jaxdp.train.Task.concrete_hparams`).
-    clipping: (parameter path, 'ghost', 'per-example' or 'frozen', why) for
-      every parameter: the path `Task.clipping` and `Task.trainable` give it.
-    microbatch_size: rows per per-example-gradient call.
-  """
-  static: Mapping[str, Any]
-  traced: tuple
-  grid_points: int
-  sampling_prob: float
-  steps: int
-  padded_batch_size: int
-  auto_static: tuple = ()
-  clipping: tuple = ()
-  microbatch_size: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,25 +135,23 @@ class DryRun:
     epsilon: epsilon of the whole search at `delta` ("best").
     delta: delta.
     event: the accounted event.
-    repetitions: K's law.
+    distribution: K's law.
     expected_candidates: E[K].
     prob_zero: P(K = 0) (nothing released).
     k_quantiles: (median, 90%, 99%) of K.
-    noise_multiplier: the calibrated sigma when `target_epsilon` was given,
-      else None.
-    groups: the compiled groups (`Group`).
-    expected_steps: E[K] x mean over the grid of DP steps.
-    expected_gradient_evaluations: E[K] x mean over the grid of steps x q N.
+    noise_multiplier: the calibrated noise when `target_epsilon` was given, else None.
+    groups: a task's compiled groups (`jaxdp.sweep.task_plan.Group`); empty for a function.
+    expected_steps: E[K] x mean over the grid of DP steps (None for a function).
+    expected_gradient_evaluations: E[K] x mean over the grid of steps x q N (None likewise).
     score_source: where the score is computed and whether it is accounted.
     auto_static: hyperparameter -> why it was made static (see `Group`).
-    function: for a search over a training function, its name (module.qualname);
-      then `groups` is empty and the expected compute None (jaxdp does not see
-      inside the function).
+    function: for a search over a training function, its name (module.qualname): jaxdp does
+      not see inside it.
   """
   epsilon: float
   delta: float
   event: Any
-  repetitions: acc.KDistribution
+  distribution: acc.KDistribution
   expected_candidates: float
   prob_zero: float
   k_quantiles: tuple
@@ -222,7 +167,7 @@ class DryRun:
     sigma = "" if self.noise_multiplier is None else f", calibrated sigma={self.noise_multiplier:.4f}"
     lines = [
         f"private random search: epsilon={self.epsilon:.4f} at delta={self.delta:g}{sigma}",
-        f"K ~ {self.repetitions}: E[K]={self.expected_candidates:g}, P(K=0)={self.prob_zero:.3g}, "
+        f"K ~ {self.distribution}: E[K]={self.expected_candidates:g}, P(K=0)={self.prob_zero:.3g}, "
         f"median/90%/99% = {'/'.join(str(k) for k in self.k_quantiles)}",
         f"score: {self.score_source}",
     ]
@@ -245,43 +190,21 @@ class DryRun:
     return "\n".join(lines)
 
 
-def groups_of(plan: SearchPlan) -> tuple:
-  """The compiled groups of a plan, in first-seen order."""
-  runs: dict = {}
-  for run in plan.runs:
-    runs.setdefault(run.spec, []).append(run)
-  return tuple(Group(static=dict(s.static_hparams), traced=s.traced_names, grid_points=len(rs),
-                     sampling_prob=s.sampling_prob, steps=s.num_steps,
-                     padded_batch_size=s.padded_batch_size, auto_static=s.auto_static,
-                     clipping=rs[0].clipping, microbatch_size=s.microbatch_size)
-               for s, rs in runs.items())
-
-
-def plan_score_source(plan: SearchPlan) -> str:
-  """Where the candidates' scores come from (every run's task: a `derive` may change it)."""
-  return " / ".join(dict.fromkeys(score_source(run.config.task) for run in plan.runs))
-
-
-def auto_static(plan: SearchPlan) -> dict:
-  """Hyperparameter -> why it is static without being declared so, over the whole grid."""
-  return {name: why for run in plan.runs for name, why in run.spec.auto_static}
-
-
-def dry_run_report(plan: Any, repetitions: acc.KDistribution) -> DryRun:
-  """The `DryRun` of a tuner's plan (`plan.event`, `plan.epsilon` set)."""
-  mean_k = float(repetitions.mean)
-  common = dict(epsilon=plan.epsilon, delta=plan.delta, event=plan.event, repetitions=repetitions,
-                expected_candidates=mean_k, prob_zero=repetitions.prob_zero,
-                k_quantiles=tuple(k_quantile(repetitions, p) for p in (0.5, 0.9, 0.99)),
-                noise_multiplier=plan.noise_multiplier)
-  if isinstance(plan, FunctionPlan):
-    return DryRun(**common, groups=(), expected_steps=None, expected_gradient_evaluations=None,
-                  score_source=FUNCTION_SCORE_SOURCE, function=function_name(plan.train_fn))
-  n = plan.data.num_examples
-  steps = np.array([run.spec.num_steps for run in plan.runs], float)
-  grads = np.array([run.spec.num_steps * run.spec.sampling_prob * n for run in plan.runs])
+def dry_run_report(plan: SearchPlan, accounting: Accounting,
+                   distribution: acc.KDistribution) -> DryRun:
+  """The `DryRun` of a tuner's plan and accounting."""
+  mean_k = float(distribution.mean)
+  summary = plan.summary()
   return DryRun(
-      **common, groups=groups_of(plan),
-      expected_steps=mean_k * float(steps.mean()),
-      expected_gradient_evaluations=mean_k * float(grads.mean()),
-      score_source=plan_score_source(plan), auto_static=auto_static(plan))
+      epsilon=accounting.epsilon, delta=accounting.delta, event=accounting.event,
+      distribution=distribution, expected_candidates=mean_k, prob_zero=distribution.prob_zero,
+      k_quantiles=tuple(k_quantile(distribution, p) for p in (0.5, 0.9, 0.99)),
+      noise_multiplier=accounting.noise_multiplier, groups=summary["groups"],
+      expected_steps=None if summary["steps"] is None else mean_k * summary["steps"],
+      expected_gradient_evaluations=(None if summary["gradients"] is None
+                                     else mean_k * summary["gradients"]),
+      score_source=plan.score_source, auto_static=summary["auto_static"],
+      function=summary["function"])
+
+
+__all__ = ["Accounting", "DryRun", "Group", "account", "calibrate", "dry_run_report", "prepare"]

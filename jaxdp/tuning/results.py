@@ -31,7 +31,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, ClassVar, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -58,15 +58,14 @@ class Unreleased:
     num_candidates: how many candidates were trained. `random_search`,
       `subsampled_search`: K, internal randomness; published beside the
       release it is not covered (the pair (K, best) costs up to the k-fold
-      composition of one candidate). `threshold_search`: how many were tried
+      composition of one candidate: account it with `acc.SelectionWithCount`). `threshold_search`: how many were tried
       before one reached the threshold, which depends on the data.
     resumed: how many of them (and a subsampled search's final run) were read
       back from `run_dir` instead of trained now (a count of candidates).
     resumed_steps: candidate id -> the step its training resumed at from a
       checkpoint (`ExecutionConfig.checkpoint_every`). Candidate ids hash the
       candidates' keys.
-    all_scores: every candidate's (grid point, score), only with
-      `release_all_scores=True` (it warns).
+    all_scores: every candidate's (grid point, score), in the order they were drawn.
     seed: the seed a training function's selected call got: all of its
       randomness, its noise included.
     auto_static: hyperparameter -> why it compiled as a static value though a
@@ -108,25 +107,78 @@ def _empty(value) -> bool:
   return isinstance(value, (dict, tuple, list)) and not value
 
 
-class ReleaseBoundary:
-  """The release boundary of a tuner's result (a frozen dataclass with an `unreleased` field).
+@dataclasses.dataclass(frozen=True, eq=False)
+class TunedResult:
+  """What a private search releases, and apart from it what it does not: one type for
+  `random_search` and `threshold_search`, of a jaxdp task or of a training function
+  (`SubsampledResult` extends it).
 
-  Subclasses name their model field (`MODEL`: "params" or "artifact") and, in
-  `JSON_FIELDS`, the released fields `to_json` writes.
+  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
+  differ by adding or removing one private example (training or private
+  validation), which is what `event` accounts; the training set size N is
+  the declared public `data.num_examples`, never counted from the rows (every
+  step divides by q N, and an expected batch size b means q = b / N), and a
+  `NoisyMean` divides by its declared `num_examples`; `score_source` says
+  where the score came from: a plain score reads `data.test`, which is
+  treated as public and is NOT accounted, a DP score reads
+  `data.private_validation` and its event is in `event`; a training
+  function's score is its contract.
+
+  Attributes:
+    hyperparameters: the selected grid point (a training function's: what its `train_fn` was
+      called with, the calibrated noise included), or None when nothing is released (K = 0,
+      every candidate diverged or had no finite score, or no score reached the threshold): the
+      documented default output. Released.
+    config: the selected candidate's `TrainConfig` (None likewise, and for a training
+      function). Released.
+    params: what the selected candidate trained: a task's parameters, or the artifact a
+      training function returned beside its score (None likewise; with a `run_dir`, read back
+      from there). Released.
+    score: its selection score, NaN if nothing is released. Released.
+    epsilon: epsilon of the whole search at `delta`. Released.
+    delta: target delta. Released.
+    event: the accounted DpEvent (public: the configurations and K's law). Released.
+    accounting_method: the method that gave `epsilon` ("best" = tightest valid).
+    score_source: where the score comes from (see above).
+    noise_multiplier: the noise calibrated for `target_epsilon` (a task's sigma, a training
+      function's `noise_parameter`), or None.
+    unreleased: an `Unreleased`: K (`num_candidates`), a function's `seed`, `resumed`,
+      `resumed_steps`, `all_scores`, `auto_static`. Not covered, not for publication; left out
+      of repr, `to_json`, `save` and pickling, and not a dataclass field.
+
+  Publishing: every field but `unreleased` is the release and may be
+  published (`save`, `to_json`); `unreleased` may not (see `Unreleased`). To
+  publish K as well, account for it: `acc.epsilon(acc.SelectionWithCount(result.event),
+  result.delta)` (much larger: K published costs up to k runs composed). The
+  key must stay secret too: it regenerates every candidate's noise.
   """
 
-  MODEL: ClassVar[str] = "params"
-  JSON_FIELDS: ClassVar[tuple] = ()
+  hyperparameters: Optional[Mapping[str, Any]]
+  config: Any
+  params: Any = dataclasses.field(repr=False)
+  score: float
+  epsilon: float
+  delta: float
+  event: Any
+  accounting_method: str = "best"
+  score_source: str = ""
+  noise_multiplier: Optional[float] = None
+  # Not a field: `dataclasses.fields`, `asdict` and `astuple` see the release only.
+  unreleased: dataclasses.InitVar[Optional[Unreleased]] = None
+
+  def __post_init__(self, unreleased: Optional[Unreleased]):
+    object.__setattr__(self, "unreleased", unreleased)
 
   def to_json(self) -> dict:
-    """The release as JSON-safe values (its parameters or artifact aside: `save` writes them).
+    """The release as JSON-safe values (its parameters aside: `save` writes them).
 
-    Holds the released fields, the event's repr and description, and the
-    jaxdp version; never anything of `unreleased`.
+    Holds every released field (a configuration as its record, the event as its repr and
+    description) and the jaxdp version; never anything of `unreleased`.
     """
     out = {"format": FORMAT, "kind": type(self).__name__, "jaxdp": jaxdp.__version__}
-    for name in self.JSON_FIELDS:
-      out[name] = _jsonable(getattr(self, name))
+    for field in dataclasses.fields(self):
+      if field.name not in ("params", "event"):
+        out[field.name] = _jsonable(getattr(self, field.name))
     out["event"] = None if self.event is None else repr(self.event)
     out["event_description"] = None if self.event is None else acc.describe(self.event)
     return out
@@ -147,15 +199,12 @@ class ReleaseBoundary:
       raise ValueError(f"path={path!r} exists and is not an empty directory: save a release to a "
                        "new directory")
     os.makedirs(path, exist_ok=True)
-    structure, leaves = artifacts.encode(getattr(self, self.MODEL))
-    description = dict(self.to_json(), model=self.MODEL, structure=structure)
+    structure, leaves = artifacts.encode(self.params)
+    description = dict(self.to_json(), structure=structure)
     np.savez(os.path.join(path, ARRAYS), **{str(i): np.asarray(leaf) for i, leaf in enumerate(leaves)})
     with open(os.path.join(path, RELEASE_JSON), "w", encoding="utf-8") as f:
       json.dump(description, f, indent=1, sort_keys=True)
     return path
-
-  def __post_init__(self, unreleased: Optional[Unreleased]):
-    object.__setattr__(self, "unreleased", unreleased)
 
   def __getstate__(self):
     # A pickled result is its release: what is not covered stays in this process.
@@ -187,112 +236,60 @@ def _jsonable(value: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TunedResult(ReleaseBoundary):
-  """What a private search of a jaxdp task releases, and apart from it what it does not.
+class SubsampledResult(TunedResult):
+  """What `subsampled_search` releases (Koskela & Kulkarni's tuning on a subset, then one final
+  run), and apart from it what it does not: a `TunedResult` whose release is the final model.
+
+  `hyperparameters`, `config`, `params` and `score` are the final run's (the
+  tuned hyperparameters after the task's extrapolation, its `TrainConfig`, its
+  parameters, its public test score); besides them the release holds what was
+  tuned on the subset. Not to be published: `unreleased`: K
+  (`num_candidates`), `resumed`, `resumed_steps`, `subset_mask` (who is in
+  X1; returned so callers can audit the split), `gradient_evaluations` (a
+  function of K) and the `compute_ratio` it gives.
 
   Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
-  differ by adding or removing one private example (training or private
-  validation), which is what `event` accounts; the training set size N is
-  the declared public `data.num_examples`, never counted from the rows (every
-  step divides by q N, and an expected batch size b means q = b / N), and a
-  `NoisyMean` divides by its declared `num_examples`; `score_source` says
-  where the score came from: a plain score reads `data.test`, which is
-  treated as public and is NOT accounted, a DP score reads
-  `data.private_validation` and its event is in `event`.
+  differ by adding or removing one training example, as `event` accounts. The
+  training set size N is the declared public `data.num_examples`, and every
+  size the procedure uses derives from it and q, never from the rows drawn:
+  m = `subset_size` = round(q N) and n = `final_train_size` (N - m for
+  variant 1, N for variant 2) are the normalisers of the runs on X1 and of
+  the final run, and the SGD learning-rate factor n / m is visible in
+  `config`: N, m and n are public and revealed exactly (variant 1:
+  N = m + n; variant 2: N = n). Candidates must give `sampling_prob` (not an
+  expected `batch_size`, whose q = b / N would not be the rate of a run on
+  X1). Scores (`tuned_score`, `score`) are the task's public score on
+  `data.test`, which is treated as public and not accounted (DP scores on
+  private validation data are not supported here: KK's amplification covers
+  the subsampled training set only). Of the K candidates only the selected
+  one's hyperparameters and score are covered; the others are never
+  returned. The key must stay secret (it regenerates the subset and the
+  noise).
 
-  Attributes:
-    hyperparameters: the selected grid point, or None when nothing is released
-      (K = 0, every candidate diverged, or the threshold was never reached):
-      the documented default output. Released.
-    config: the selected candidate's `TrainConfig` (None likewise). Released.
-    params: its trained parameters (None likewise). Released.
-    score: its selection score, NaN if nothing is released. Released.
-    epsilon: epsilon of the whole search at `delta`. Released.
-    delta: target delta. Released.
-    event: the accounted DpEvent (public: the configurations and K's law). Released.
-    accounting_method: the method that gave `epsilon` ("best" = tightest valid).
-    score_source: 'public test split (not accounted)' or 'private validation
-      split (DP score, accounted)'.
-    noise_multiplier: the sigma calibrated for `target_epsilon`, or None.
-    num_candidates: None, unless the search was asked to release K
-      (`release_num_candidates=True`): then K, accounted with the pair
-      (`acc.SelectionWithCount`, at the cost of k runs composed).
-    unreleased: an `Unreleased`: K (`num_candidates`), `resumed`,
-      `resumed_steps`, `all_scores`, `auto_static`. Not covered, not for
-      publication; left out of repr, `to_json`, `save` and pickling.
-
-  Publishing: every field but `unreleased` is the release and may be
-  published (`save`, `to_json`); `unreleased` may not (see `Unreleased`). The
-  key must stay secret too: it regenerates every candidate's noise.
+  Attributes (beside `TunedResult`'s):
+    tuned_hyperparameters: the grid point selected on X1 (before extrapolation), or None if
+      the search released nothing (then the final run uses the first grid point, a
+      data-independent default).
+    tuned_score: the selected candidate's score after training on the subset (NaN if nothing
+      was released).
+    learning_rate_factor: final / tuned learning rate (n / m for DP-SGD, 1 for DP-Adam; 1 if
+      the task has no `learning_rate`).
+    subset_size: m = round(q N), the declared size of X1 (public; X1's actual size is
+      `unreleased.subset_mask.sum()`, private, and may be 0: the candidates then train on
+      noise only, as does the final run on an empty final set).
+    final_train_size: n, the declared size of the final training set (N - m for variant 1, N
+      for variant 2).
+    variant: 1 or 2.
+    q: subset sampling rate.
   """
 
-  hyperparameters: Optional[Mapping[str, Any]]
-  config: Any
-  params: Any = dataclasses.field(repr=False)
-  score: float
-  epsilon: float
-  delta: float
-  event: Any
-  accounting_method: str = "best"
-  score_source: str = ""
-  noise_multiplier: Optional[float] = None
-  num_candidates: Optional[int] = None
-  # Not a field: `dataclasses.fields`, `asdict` and `astuple` see the release only.
-  unreleased: dataclasses.InitVar[Optional[Unreleased]] = None
-
-  MODEL: ClassVar[str] = "params"
-  JSON_FIELDS: ClassVar[tuple] = ("hyperparameters", "config", "score", "epsilon", "delta",
-                                  "accounting_method", "score_source", "noise_multiplier",
-                                  "num_candidates")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TunedFunctionResult(ReleaseBoundary):
-  """What a private search over a training function releases (README, "Tune any trainer"),
-  and apart from it what it does not.
-
-  The vocabulary of `TunedResult`, with the function's artifact in place of
-  the parameters. Covered by `epsilon` (if `dp_event` is what `train_fn`
-  runs, the caller's contract): `hyperparameters`, `artifact`, `score`.
-
-  Attributes:
-    hyperparameters: what the selected candidate's `train_fn` was called with
-      (its grid point, and the calibrated noise), or None when nothing is
-      released (K = 0, no finite score, or no score reached the threshold).
-      Released.
-    artifact: what its `train_fn` returned beside the score (None likewise);
-      with a `run_dir`, read back from there (`jaxdp.sweep.artifacts`). Released.
-    score: its score, NaN if nothing is released. Released.
-    epsilon, delta, event, accounting_method, noise_multiplier, num_candidates:
-      as in `TunedResult` (`noise_multiplier` is the calibrated value of
-      `noise_parameter`). Released.
-    score_source: where the score comes from: the caller's contract.
-    unreleased: an `Unreleased`: K (`num_candidates`), the selected call's
-      `seed` (its noise), `resumed`, `all_scores`. Not covered, not for
-      publication; left out of repr, `to_json`, `save` and pickling.
-
-  Publishing: every field but `unreleased` is the release and may be
-  published (`save`, `to_json`); `unreleased` may not (see `Unreleased`). The
-  key must stay secret too: it regenerates every candidate's noise.
-  """
-
-  hyperparameters: Optional[Mapping[str, Any]]
-  artifact: Any = dataclasses.field(repr=False)
-  score: float
-  epsilon: float
-  delta: float
-  event: Any
-  accounting_method: str = "best"
-  score_source: str = ""
-  noise_multiplier: Optional[float] = None
-  num_candidates: Optional[int] = None
-  # Not a field: `dataclasses.fields`, `asdict` and `astuple` see the release only.
-  unreleased: dataclasses.InitVar[Optional[Unreleased]] = None
-
-  MODEL: ClassVar[str] = "artifact"
-  JSON_FIELDS: ClassVar[tuple] = ("hyperparameters", "score", "epsilon", "delta",
-                                  "accounting_method", "score_source", "noise_multiplier",
-                                  "num_candidates")
+  tuned_hyperparameters: Optional[Mapping[str, Any]] = None
+  tuned_score: float = float("nan")
+  learning_rate_factor: float = 1.0
+  subset_size: int = 0
+  final_train_size: int = 0
+  variant: int = 1
+  q: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,13 +297,12 @@ class Release:
   """A release read back from disk (`load_release`): what a tuner's result `save`d.
 
   Attributes:
-    kind: the result type that saved it ("TunedResult", "TunedFunctionResult",
-      "SubsampledResult").
+    kind: the result type that saved it ("TunedResult", "SubsampledResult").
     hyperparameters: the released hyperparameters (None: nothing was released).
     score: the released score (NaN: nothing was released).
     epsilon, delta: the guarantee of the whole search.
     event: the accounted DpEvent's repr.
-    model: what the search released of the model: a task's parameters, a
+    params: what the search released of the model: a task's parameters, a
       training function's artifact.
     details: the kind's other released fields, as JSON (a configuration as its
       record, `jaxdp.sweep.space.config_record`; non-finite numbers as strings).
@@ -318,7 +314,7 @@ class Release:
   epsilon: float
   delta: float
   event: Optional[str]
-  model: Any = dataclasses.field(repr=False)
+  params: Any = dataclasses.field(repr=False)
   details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -345,11 +341,10 @@ def load_release(path: str) -> Release:
                      f"this jaxdp reads {FORMAT!r}")
   with np.load(os.path.join(path, ARRAYS), allow_pickle=False) as arrays:
     leaves = [arrays[str(i)] for i in range(len(arrays.files))]
-  model = artifacts.decode(description.pop("structure"), leaves)
+  params = artifacts.decode(description.pop("structure"), leaves)
   common = {name: description.pop(name) for name in ("kind", "hyperparameters", "score", "epsilon",
                                                       "delta", "event")}
-  for name in ("format", "model"):
-    description.pop(name)
+  description.pop("format")
   for name in ("score", "epsilon", "delta"):
     common[name] = _number(common[name])
-  return Release(model=model, details=description, **common)
+  return Release(params=params, details=description, **common)

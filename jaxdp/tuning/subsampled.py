@@ -5,7 +5,7 @@
   1. Poisson-sample the tuning subset X1 from the training set X with rate q
      (the exact sampler of `jaxdp.train.sampling`: never above q; X1 or the
      final set may come out empty, and the runs on it are then noise only);
-  2. run the Papernot-Steinke private random search (K ~ `repetitions`) on X1
+  2. run the Papernot-Steinke private random search (K ~ `distribution`) on X1
      with the batched sweep engine;
   3. extrapolate the selected hyperparameters to the final training set with
      the task's `extrapolate(hparams, m, n)`, where m = round(q N) and n
@@ -32,7 +32,7 @@ the final run are accounted as `acc.UniformCandidates` over the grid's events
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -40,99 +40,42 @@ import numpy as np
 from jaxdp import _validate
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
-from jaxdp.sweep import engine
-from jaxdp.sweep.plan import SearchPlan
+from jaxdp.sweep.build import as_space
+from jaxdp.sweep.plan import candidate_event
 from jaxdp.sweep.space import SearchSpace
-from jaxdp.sweep.store import CandidateStore, Trainer, check_run_dir
+from jaxdp.sweep.trainers import check as check_trainer
+from jaxdp.sweep.store import CandidateStore, check_run_dir
+from jaxdp.sweep.task_plan import TaskPlan
 from jaxdp.train import TrainConfig
 from jaxdp.train.sampling import poisson_mask
 from jaxdp.train.trainer import run_planned
 from jaxdp.tuning import _args
-from jaxdp.tuning import planning
+from jaxdp.tuning import draws
 from jaxdp.tuning import search as search_lib
-from jaxdp.tuning.results import ReleaseBoundary, Unreleased
+from jaxdp.tuning.results import SubsampledResult, Unreleased
+from jaxdp.tuning.run_config import RunConfig, run_config as checked_run_config
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class SubsampledResult(ReleaseBoundary):
-  """What `subsampled_search` releases, and apart from it what it does not.
+@dataclasses.dataclass(frozen=True)
+class SubsetTuning:
+  """Koskela & Kulkarni's tuning on a subset: `subsampled_search`'s `subset=`.
 
-  Released (covered by `epsilon`): every field but `unreleased`. Not to be
-  published: `unreleased` (`jaxdp.tuning.results.Unreleased`): K
-  (`num_candidates`), `resumed`, `resumed_steps`, `subset_mask` (who is in
-  X1; returned so callers can audit the split), `gradient_evaluations` (a
-  function of K) and the `compute_ratio` it gives.
+  Args:
+    q: the rate in (0, 1) at which each training example joins the tuning subset X1.
+    variant: 1 (the final model trains on X \\ X1; KK Thm 1) or 2 (on X; Zhu-Wang).
+    warm_start: start the final run from the tuned model's parameters.
 
-  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
-  differ by adding or removing one training example, as `event` accounts. The
-  training set size N is the declared public `data.num_examples`, and every
-  size the procedure uses derives from it and q, never from the rows drawn:
-  m = `subset_size` = round(q N) and n = `final_train_size` (N - m for
-  variant 1, N for variant 2) are the normalisers of the runs on X1 and of
-  the final run, and the SGD learning-rate factor n / m is visible in
-  `final_config`: N, m and n are public and revealed exactly (variant 1:
-  N = m + n; variant 2: N = n). Candidates must give `sampling_prob` (not an
-  expected `batch_size`, whose q = b / N would not be the rate of a run on
-  X1). Scores (`tuned_score`, `score`) are the task's public score on
-  `data.test`, which is treated as public and not accounted (DP scores on
-  private validation data are not supported here: KK's amplification covers
-  the subsampled training set only). Of the K candidates only the selected
-  one's hyperparameters and score are covered; the others are never
-  returned. The key must stay secret (it regenerates the subset and the
-  noise).
-
-  Attributes:
-    params: the final model's parameters.
-    final_config: the extrapolated `TrainConfig` of the final run.
-    tuned_hyperparameters: the grid point selected on X1 (before
-      extrapolation), or None if the search released nothing (then the final
-      run uses the first grid point, a data-independent default).
-    hyperparameters: the released model's: the tuned ones after the task's
-      extrapolation (what `params` were trained with).
-    learning_rate_factor: final / tuned learning rate (n / m for DP-SGD, 1
-      for DP-Adam; 1 if the task has no `learning_rate`).
-    tuned_score: the selected candidate's score after training on the
-      subset (NaN if nothing was released).
-    score: the released (final) model's public test score (NaN if it
-      diverged).
-    subset_size: m = round(q N), the declared size of X1 (public; X1's actual
-      size is `unreleased.subset_mask.sum()`, private, and may be 0: the
-      candidates then train on noise only, as does the final run on an empty
-      final set).
-    final_train_size: n, the declared size of the final training set
-      (N - m for variant 1, N for variant 2).
-    variant: 1 or 2.
-    q: subset sampling rate.
-    epsilon: epsilon of the whole procedure at `delta`.
-    delta: target delta.
-    event: the accounted `acc.SubsampledTuning`.
-    accounting_method: the method that gave `epsilon`.
-    unreleased: see above.
+  Raises:
+    ValueError: q outside (0, 1), a variant other than 1 or 2, a non-bool warm_start.
   """
-
-  params: Any = dataclasses.field(repr=False)
-  final_config: TrainConfig
-  tuned_hyperparameters: Optional[Mapping[str, Any]]
-  hyperparameters: Mapping[str, Any]
-  learning_rate_factor: float
-  tuned_score: float
-  score: float
-  subset_size: int
-  final_train_size: int
-  variant: int
   q: float
-  epsilon: float
-  delta: float
-  event: Any
-  accounting_method: str = "best"
-  # Not a field: `dataclasses.fields`, `asdict` and `astuple` see the release only.
-  unreleased: dataclasses.InitVar[Optional[Unreleased]] = None
+  variant: int
+  warm_start: bool = False
 
-  MODEL: ClassVar[str] = "params"
-  JSON_FIELDS: ClassVar[tuple] = ("final_config", "tuned_hyperparameters", "hyperparameters",
-                                  "learning_rate_factor", "tuned_score", "score", "subset_size",
-                                  "final_train_size", "variant", "q", "epsilon", "delta",
-                                  "accounting_method")
+  def __post_init__(self):
+    object.__setattr__(self, "q", _validate.probability("q", self.q))
+    object.__setattr__(self, "variant", _check_variant(self.variant))
+    object.__setattr__(self, "warm_start", _args.flag("warm_start", self.warm_start))
 
 
 def _check_variant(variant) -> int:
@@ -209,158 +152,149 @@ def extrapolate(config: TrainConfig, subset_size: int, final_size: int) -> tuple
   return dataclasses.replace(config, hparams=dict(hparams)), factor
 
 
-def subsampled_search(config: Union[TrainConfig, SearchSpace], search_space: Optional[Mapping[str, Sequence]],
-                      data: Dataset, *, q: float, variant: int, repetitions: acc.KDistribution,
-                      key: jax.Array, delta: float = 1e-5, warm_start: bool = False,
-                      run_dir: Optional[str] = None, trainer: Optional[Trainer] = None,
-                      initial_params: Any = None, **engine_kwargs) -> SubsampledResult:
+def subsampled_search(config: Union[TrainConfig, SearchSpace],
+                      search_space: Optional[Mapping[str, Sequence]], data: Dataset, *,
+                      subset: SubsetTuning, distribution: acc.KDistribution, key: jax.Array,
+                      target_delta: float = 1e-5, initial_params: Any = None,
+                      run_config: Optional[RunConfig] = None) -> SubsampledResult:
   """Koskela-Kulkarni private tuning on a Poisson subset, then one final run.
 
   Args:
-    config: base `TrainConfig` (or a ready `SearchSpace`; then
-      `search_space` must be None).
+    config: base `TrainConfig` (or a ready `SearchSpace`; then `search_space` must be None).
     search_space: grid name -> values (see `jaxdp.sweep.SearchSpace`).
     data: private training data X and public test data (the score).
-    q: subset sampling rate in (0, 1).
-    variant: 1 (final model on X \\ X1; KK Thm 1) or 2 (on X; Zhu-Wang).
-    repetitions: law of K, e.g. `acc.Poisson(mean=10)` (KK use Poisson).
+    subset: `SubsetTuning(q, variant, warm_start=False)`.
+    distribution: law of K, e.g. `acc.Poisson(mean=10)` (KK use Poisson).
     key: PRNG key for the subset, K, the draws and every training run.
-    delta: delta at which epsilon is reported.
-    warm_start: start the final run from the tuned model's parameters.
-    initial_params: as in `jaxdp.tuning.random_search`: public parameters
-      every tuning candidate and the final run start from (with
-      `warm_start`, the final run starts from the tuned model instead).
-    run_dir, trainer: as in `jaxdp.tuning.random_search` (the tuning runs
-      through `trainer`; the final run is stored too, under "final").
-    **engine_kwargs: passed to the trainer for the tuning.
+    target_delta: delta at which epsilon is reported.
+    initial_params: as in `jaxdp.tuning.random_search`: public parameters every tuning
+      candidate and the final run start from (with `subset.warm_start`, the final run starts
+      from the tuned model instead).
+    run_config: as in `jaxdp.tuning.random_search` (the tuning runs through its trainer; the
+      final run, on this host, is stored in its `run_dir` too, under "final").
 
   Returns:
     A `SubsampledResult`.
 
   Raises:
-    ValueError: bad arguments, or q N too small or too large for declared
-      sizes m, n >= 1 (from the public N and q alone). Never after the
-      subset is drawn: an empty subset or final set is a valid outcome.
+    ValueError: bad arguments, or q N too small or too large for declared sizes m, n >= 1
+      (from the public N and q alone). Never after the subset is drawn: an empty subset or
+      final set is a valid outcome.
 
   Example:
-    res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data, q=0.2,
-                            variant=1, repetitions=acc.Poisson(5), key=jax.random.key(0))
+    res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data,
+                            subset=SubsetTuning(q=0.2, variant=1), distribution=acc.Poisson(5),
+                            key=jax.random.key(0))
     res.epsilon, res.score, res.unreleased.compute_ratio  # the last not for publication
   """
   # Every argument is checked before the subset is drawn, K is drawn or
   # anything trains, so whether the call fails never depends on the draws.
-  run_dir, trainer = _args.run_dir(run_dir), _args.trainer(trainer)
-  args = _checked(config, search_space, data, q=q, variant=variant, repetitions=repetitions,
-                  key=key, delta=delta, warm_start=warm_start, engine_kwargs=engine_kwargs,
-                  initial_params=initial_params)
+  run = checked_run_config(run_config)
+  args = _checked(config, search_space, data, subset=subset, distribution=distribution, key=key,
+                  target_delta=target_delta, initial_params=initial_params)
+  check_trainer(run.trainer, args.plan)
   # The subset's plan fingerprints the full data (its origin): the final run reads the rest.
   fingerprint = args.plan.search_fields(
-      "subsampled_search", args.key, q=args.q, variant=args.variant, repetitions=args.repetitions,
-      delta=args.delta, warm_start=args.warm_start)
-  if trainer is None:  # this host's devices; another backend lays out its own
-    engine.check_layout(args.plan, args.engine_kwargs.get("devices"))
-  if run_dir is not None:  # another search there is refused before the subset is drawn
-    check_run_dir(args.plan, run_dir, fingerprint, mechanism=False)
+      "subsampled_search", args.key, q=args.subset.q, variant=args.subset.variant,
+      distribution=args.distribution, delta=args.delta, warm_start=args.subset.warm_start)
+  if run.run_dir is not None:  # another search there is refused before the subset is drawn
+    check_run_dir(args.plan, run.run_dir, fingerprint, mechanism=False)
   subset_key, search_key, final_key = jax.random.split(args.key, 3)
   mask, final_mask = _draw_subset(args, subset_key)
-  subset = args.plan.on_rows(_split(args.data, mask, f"X1, q={args.q:g}", args.m))
-  with CandidateStore(subset, run_dir=run_dir, fingerprint=fingerprint, trainer=trainer,
-                      engine_kwargs=args.engine_kwargs) as store:
+  plan = args.plan.on_rows(_split(args.data, mask, f"X1, q={args.subset.q:g}", args.m))
+  with CandidateStore(plan, run_dir=run.run_dir, fingerprint=fingerprint,
+                      trainer=run.trainer) as store:
     # Papernot-Steinke random search on X1, with the same key use as `random_search`.
-    cands = search_lib.draw_search(args.plan.space, args.repetitions, search_key)
+    cands = draws.draw_search(args.plan, args.distribution, search_key)
     results = store.train(cands)
-    best = search_lib.best_index(results)
-    chosen = args.plan.run_of(cands[best].config if best is not None else args.plan.space.configs[0])
+    best = draws.best_index(results)
+    chosen = args.plan.run_of(cands[best].config if best is not None else args.plan.configs[0])
     final_config, factor = extrapolate(chosen.config, args.m, args.n)
-    final_data = _split(args.data, final_mask, "X \\ X1" if args.variant == 1 else "X", args.n)
-    warm = results[best].params if (args.warm_start and best is not None) else None
+    final_data = _split(args.data, final_mask, "X \\ X1" if args.subset.variant == 1 else "X",
+                        args.n)
+    warm = results[best].params if (args.subset.warm_start and best is not None) else None
     final_run = chosen.derive(final_config, final_data, initial=chosen.initial if warm is None else warm)
-    _check_final_event(args, final_run)
+    _check_final_event(final_run, args.plan)
     final = store.train_lone("final", final_run, lambda: run_planned(final_run, final_data, final_key))
-    if args.engine_kwargs.get("progress"):
-      search_lib.report_resumes(store)
+    search_lib.report_resumes(store)
   return _result(args, cands, results, best, final_config, factor, final, mask, store)
 
 
 def _result(args, cands, results, best, final_config, factor, final, mask,
             store: CandidateStore) -> SubsampledResult:
   released = best is not None
-  chosen_point = dict(cands[best].point) if released else dict(args.plan.space.points[0])
+  chosen_point = dict(cands[best].point) if released else dict(args.plan.points[0])
   spent = sum(_cost(c.config, args.m) for c in cands) + _cost(final_config, args.n)
-  mean_cost = float(np.mean([_cost(c, args.data.num_examples) for c in args.plan.space.configs]))
+  mean_cost = float(np.mean([_cost(c, args.data.num_examples) for c in args.plan.configs]))
   return SubsampledResult(
-      params=final.params, final_config=final_config,
-      tuned_hyperparameters=chosen_point if released else None,
       hyperparameters={name: final_config.value(name) for name in chosen_point},
-      learning_rate_factor=factor, tuned_score=float(results[best].score) if released else float("nan"),
-      score=float(final.test_score), subset_size=args.m, final_train_size=args.n,
-      variant=args.variant, q=args.q, epsilon=args.epsilon, delta=args.delta, event=args.event,
+      config=final_config, params=final.params, score=float(final.test_score),
+      epsilon=args.epsilon, delta=args.delta, event=args.event,
+      score_source=final.score_source,
+      tuned_hyperparameters=chosen_point if released else None,
+      tuned_score=float(results[best].score) if released else float("nan"),
+      learning_rate_factor=factor, subset_size=args.m, final_train_size=args.n,
+      variant=args.subset.variant, q=args.subset.q,
       unreleased=Unreleased(num_candidates=len(cands), resumed=store.resumed,
                             resumed_steps=dict(store.resumed_steps), subset_mask=mask,
                             gradient_evaluations=spent,
-                            baseline_gradient_evaluations=args.repetitions.mean * mean_cost))
+                            baseline_gradient_evaluations=args.distribution.mean * mean_cost))
 
 
 class _Checked(NamedTuple):
   """`subsampled_search`'s arguments after every check, and the accounted event."""
-  plan: SearchPlan
+  plan: TaskPlan
   data: Dataset
-  q: float
-  variant: int
+  subset: SubsetTuning
   m: int
   n: int
-  repetitions: acc.KDistribution
+  distribution: acc.KDistribution
   key: jax.Array
   delta: float
-  warm_start: bool
-  engine_kwargs: dict
   event: Any
   epsilon: float
 
 
-def _checked(config, search_space, data, *, q, variant, repetitions, key, delta, warm_start,
-             engine_kwargs, initial_params) -> _Checked:
-  space = _args.space(config, search_space)
-  plan = SearchPlan.build(space, data, initial_params=initial_params)
+def _checked(config, search_space, data, *, subset, distribution, key, target_delta,
+             initial_params) -> _Checked:
+  if not isinstance(subset, SubsetTuning):
+    raise ValueError(f"subset must be a jaxdp.tuning.SubsetTuning(q, variant), got {subset!r:.200}")
+  if not isinstance(config, (TrainConfig, SearchSpace)):
+    # A training function reads its own data: the search cannot split it into X1 and the rest.
+    raise ValueError(f"config must be a TrainConfig or SearchSpace (subsampled_search splits the "
+                     f"Dataset it is given; a TrainFunction reads its own), got {type(config).__name__}")
+  plan = TaskPlan.build(as_space(config, search_space), data, initial_params=initial_params)
   # Every configuration's task, not only the base's: a `derive` may swap in another.
   if any(run.config.task.private_score for run in plan.runs):
     raise ValueError("subsampled_search does not support DP scores on private validation data: "
                      "KK's amplification by subsampling covers the training set only. Score on a "
                      "public test split")
-  if any(c.sampling_prob is None for c in space.configs):
+  if any(c.sampling_prob is None for c in plan.configs):
     raise ValueError("subsampled_search needs sampling_prob, not batch_size: the candidates run on "
                      "a subset and the final model on another set, so q = batch_size / N would be "
                      "the rate of neither")
-  q = _validate.probability("q", q)
-  variant = _check_variant(variant)
-  m, n = declared_sizes(data.num_examples, q, variant)
-  repetitions = _args.repetitions(repetitions)
+  m, n = declared_sizes(data.num_examples, subset.q, subset.variant)
+  distribution = _args.distribution(distribution)
   key = _validate.prng_key("key", key)
-  delta = _args.delta(delta)
-  warm_start = _args.flag("warm_start", warm_start)
-  engine_kwargs = _args.engine_kwargs(engine_kwargs)
-  candidate = planning.plan_event(plan)
+  delta = _args.target_delta(target_delta)
+  candidate = candidate_event(plan)
   # Every final run the search could make, planned now: a task without `extrapolate`, or an
   # extrapolation the model or the public start cannot take, fails before any work.
   analyses: dict = {}
   for run in plan.runs:
     final_config, _ = extrapolate(run.config, m, n)
-    _check_final_event(None, run.derive(final_config, data, initial=run.initial, analyses=analyses),
-                       plan)
+    _check_final_event(run.derive(final_config, data, initial=run.initial, analyses=analyses), plan)
   # The final run's DpEvent is the selected candidate's (extrapolation keeps
   # gamma, sigma, T); which candidate is data-dependent, so account the worst.
-  event = acc.SubsampledTuning(tune=acc.RepeatAndSelect(candidate, repetitions), final=candidate,
-                               q=q, variant=variant)
+  event = acc.SubsampledTuning(tune=acc.RepeatAndSelect(candidate, distribution), final=candidate,
+                               q=subset.q, variant=subset.variant)
   eps = acc.epsilon(event, delta, method="best")  # also fails early on a bad delta
-  plan = plan.accounted(event=event, epsilon=eps, delta=delta)
-  return _Checked(plan, data, q, variant, m, n, repetitions, key, float(delta), warm_start,
-                  engine_kwargs, event, eps)
+  return _Checked(plan, data, subset, m, n, distribution, key, float(delta), event, eps)
 
 
-def _check_final_event(args: Optional[_Checked], final_run, plan: Optional[SearchPlan] = None) -> None:
+def _check_final_event(final_run, plan: TaskPlan) -> None:
   """Raises ValueError unless the final run's DpEvent is one a candidate has: what
   `SubsampledTuning(final=...)` accounts (extrapolation keeps C, sigma, q and T)."""
-  plan = plan if plan is not None else args.plan
   if all(final_run.dp_event != run.dp_event for run in plan.runs):
     raise ValueError(f"the final run's DpEvent {final_run.dp_event} is no candidate's: the task's "
                      "extrapolate must change hyperparameters only, never C, sigma, q or steps")
@@ -380,6 +314,6 @@ def _draw_subset(args: _Checked, subset_key: jax.Array) -> tuple[np.ndarray, np.
     runs on the empty set are noise only, and nothing here raises, so
     whether the call fails never depends on the draw.
   """
-  mask = np.asarray(poisson_mask(subset_key, args.data.num_train_rows, args.q))
-  final_mask = ~mask if args.variant == 1 else np.ones_like(mask)
+  mask = np.asarray(poisson_mask(subset_key, args.data.num_train_rows, args.subset.q))
+  final_mask = ~mask if args.subset.variant == 1 else np.ones_like(mask)
   return mask, final_mask

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from jaxdp.accounting import _dpa
+from jaxdp.accounting import _dpa_pld
 
 EVENTS = {
     "gaussian": dpa.GaussianDpEvent(2.0),
@@ -69,10 +70,10 @@ def test_pld_pmf_attributes(accountant):
 
 def test_suffix_table_equals_dp_accounting_delta(accountant):
   pld = accountant._pld  # pylint: disable=protected-access
-  tables = [_dpa.pmf_table(p) for p in _dpa.pld_pmfs(pld)]
+  tables = [_dpa_pld.pmf_table(p) for p in _dpa_pld.pld_pmfs(pld)]
   assert all(t is not None for t in tables), "dp-accounting internals changed: PMF not dense"
   for eps in np.linspace(-0.5, 4.0, 19):
-    ours = float(np.max([_dpa.suffix_delta(t, np.array([eps]))[0] for t in tables]))
+    ours = float(np.max([_dpa_pld.suffix_delta(t, np.array([eps]))[0] for t in tables]))
     ref = float(pld.get_delta_for_epsilon(float(eps)))
     # The loss grid (_lower_loss, _discretization) and the masses mean what _dpa
     # assumes iff the two formulas agree.
@@ -98,10 +99,10 @@ def test_rdp_conversions_are_inverse():
 
 
 def test_pld_interval_for_is_finest_for_small_losses_and_coarser_for_large():
-  assert _dpa.pld_interval_for(EVENTS["dpsgd"]) == _dpa.PLD_FINEST_INTERVAL
+  assert _dpa_pld.pld_interval_for(EVENTS["dpsgd"]) == _dpa_pld.PLD_FINEST_INTERVAL
   big = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.5, dpa.GaussianDpEvent(0.3)), 1000)
-  assert 5e-3 < _dpa.pld_interval_for(big) < 2e-2
-  assert _dpa.pld_interval_for(dpa.UnsupportedDpEvent()) == _dpa.PLD_FINEST_INTERVAL
+  assert 5e-3 < _dpa_pld.pld_interval_for(big) < 2e-2
+  assert _dpa_pld.pld_interval_for(dpa.UnsupportedDpEvent()) == _dpa_pld.PLD_FINEST_INTERVAL
 
 
 def test_dropped_order_warnings_are_silenced_and_the_bound_kept(caplog):
@@ -140,7 +141,7 @@ def _same_pld(ours, ref) -> bool:
   """Whether two PLDs are equal bit for bit (dense arrays, sparse dicts, tails, symmetry)."""
   if ours._symmetric != ref._symmetric:  # pylint: disable=protected-access
     return False
-  for a, b in zip(_dpa.pld_pmfs(ours), _dpa.pld_pmfs(ref)):
+  for a, b in zip(_dpa_pld.pld_pmfs(ours), _dpa_pld.pld_pmfs(ref)):
     if type(a) is not type(b) or a._infinity_mass != b._infinity_mass:  # pylint: disable=protected-access
       return False
     if hasattr(b, "_loss_probs"):  # sparse
@@ -166,7 +167,7 @@ def _same_pld(ours, ref) -> bool:
 def test_gaussian_pld_is_dp_accountings_bit_for_bit(sigma, q, interval):
   ref = dpa.pld.privacy_loss_distribution.from_gaussian_mechanism(
       sigma, value_discretization_interval=interval, sampling_prob=q)
-  assert _same_pld(_dpa.gaussian_pld(sigma, interval, q), ref)
+  assert _same_pld(_dpa_pld.gaussian_pld(sigma, interval, q), ref)
 
 
 def test_int_and_float_parameters_give_dp_accounting_the_same_pld():
@@ -196,7 +197,7 @@ def test_pld_of_event_is_dp_accountings_pld_accountant_bit_for_bit(name, interva
   ref.compose(event)
   _dpa.clear_caches()
   for _ in range(2):  # built, then from the caches
-    pld, non_private = _dpa.pld_of_event(event, interval)
+    pld, non_private = _dpa_pld.pld_of_event(event, interval)
     assert _same_pld(pld, ref._pld)  # pylint: disable=protected-access
     assert non_private == ref._contains_non_dp_event  # pylint: disable=protected-access
 
@@ -210,19 +211,21 @@ def test_pld_of_event_overflows_where_dp_accounting_does(name):
   with pytest.raises(OverflowError):
     dpa.pld.PLDAccountant(value_discretization_interval=1e3).compose(event)
   with pytest.raises(acc.NotApplicableError, match="PLD overflows"):
-    _dpa.pld_of_event(event, 1e3)
+    _dpa_pld.pld_of_event(event, 1e3)
 
 
 def test_cached_plds_are_not_modified_by_what_callers_do_with_them():
   _dpa.clear_caches()
-  pld, _ = _dpa.pld_of_event(EVENTS["dpsgd"], 1e-4)
-  before = [np.array(p._probs, copy=True) for p in _dpa.pld_pmfs(pld)]  # pylint: disable=protected-access
+  pld, _ = _dpa_pld.pld_of_event(EVENTS["dpsgd"], 1e-4)
+  before = [np.array(p._probs,
+                     copy=True) for p in _dpa_pld.pld_pmfs(pld)]  # pylint: disable=protected-access
   composed = pld.compose(pld).self_compose(3)
   pld.compute_mixture(composed, 0.3)
-  _dpa.pld_of_event(dpa.SelfComposedDpEvent(EVENTS["dpsgd"], 3), 1e-4)  # the cached step, self-composed
-  for old, p in zip(before, _dpa.pld_pmfs(pld)):
+  _dpa_pld.pld_of_event(dpa.SelfComposedDpEvent(EVENTS["dpsgd"], 3),
+                        1e-4)  # the cached step, self-composed
+  for old, p in zip(before, _dpa_pld.pld_pmfs(pld)):
     assert np.array_equal(old, np.asarray(p._probs))  # pylint: disable=protected-access
-  again, _ = _dpa.pld_of_event(EVENTS["dpsgd"], 1e-4)
+  again, _ = _dpa_pld.pld_of_event(EVENTS["dpsgd"], 1e-4)
   assert again is pld
 
 
@@ -246,7 +249,7 @@ def test_pld_interval_for_equals_the_rdp_accountants_epsilon():
   big = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.5, dpa.GaussianDpEvent(0.3)), 1000)
   for event in (big, EVENTS["dpsgd"], PLD_EVENTS["composed"], dpa.LaplaceDpEvent(0.001)):
     eps = dpa.rdp.RdpAccountant().compose(event).get_epsilon(1e-10)
-    assert _dpa.pld_interval_for(event) == max(_dpa.PLD_FINEST_INTERVAL, eps / 5e5)
+    assert _dpa_pld.pld_interval_for(event) == max(_dpa_pld.PLD_FINEST_INTERVAL, eps / 5e5)
 
 
 def test_dp_event_rdp_cached_equals_fresh():
@@ -294,7 +297,7 @@ def test_privacy_parameters_pld_is_dp_accountings_where_it_has_one(eps, delta):
   interval = max(1e-4, eps / 5e5)
   ref = dpa.pld.privacy_loss_distribution.from_privacy_parameters(
       dpa.pld.common.DifferentialPrivacyParameters(eps, delta), interval)
-  assert _same_pld(_dpa.pld_from_privacy_parameters(eps, delta, interval), ref)
+  assert _same_pld(_dpa_pld.pld_from_privacy_parameters(eps, delta, interval), ref)
 
 
 @pytest.mark.parametrize("eps,delta", [(710.0, 0.0), (720.0, 1e-7), (1e6, 0.0), (1e6, 1e-7)])
@@ -303,7 +306,7 @@ def test_privacy_parameters_pld_beyond_exp_has_the_dominating_pairs_masses(eps, 
   with pytest.raises(OverflowError):  # dp-accounting evaluates e^eps
     dpa.pld.privacy_loss_distribution.from_privacy_parameters(
         dpa.pld.common.DifferentialPrivacyParameters(eps, delta), interval)
-  pmf = _dpa.pld_pmfs(_dpa.pld_from_privacy_parameters(eps, delta, interval))[0]
+  pmf = _dpa_pld.pld_pmfs(_dpa_pld.pld_from_privacy_parameters(eps, delta, interval))[0]
   tiny = math.exp(-eps)
   want = {math.ceil(eps / interval): (1 - delta) / (1 + tiny)}
   if tiny > 0:
@@ -312,18 +315,18 @@ def test_privacy_parameters_pld_beyond_exp_has_the_dominating_pairs_masses(eps, 
 
 
 def test_sparse_suffix_table_equals_dp_accountings_scalar_delta():
-  # dp-accounting keeps PMFs of at most 1000 atoms sparse (a dict); _dpa.pmf_table
+  # dp-accounting keeps PMFs of at most 1000 atoms sparse (a dict); _dpa_pld.pmf_table
   # reads that dict too. Its vectorised delta gives -inf past exp's range.
-  pld = _dpa.pld_from_privacy_parameters(1.3, 1e-4, 1e-3).compose(
-      _dpa.pld_from_privacy_parameters(0.4, 0.0, 1e-3))
-  huge = _dpa.pld_from_privacy_parameters(720.0, 0.0, 1e-3)
+  pld = _dpa_pld.pld_from_privacy_parameters(1.3, 1e-4, 1e-3).compose(
+      _dpa_pld.pld_from_privacy_parameters(0.4, 0.0, 1e-3))
+  huge = _dpa_pld.pld_from_privacy_parameters(720.0, 0.0, 1e-3)
   for p, grid in ((pld, np.linspace(-0.5, 2.0, 26)), (huge, np.array([0.0, 5.0, 714.0, 719.99]))):
-    pmf = _dpa.pld_pmfs(p)[0]
+    pmf = _dpa_pld.pld_pmfs(p)[0]
     assert hasattr(pmf, "_loss_probs"), "dp-accounting internals changed: small PMFs are not sparse"
-    table = _dpa.pmf_table(pmf)
+    table = _dpa_pld.pmf_table(pmf)
     for eps in grid:
       ref = float(p.get_delta_for_epsilon(float(eps)))  # the scalar path: -expm1, no overflow
-      ours = float(_dpa.suffix_delta(table, np.array([eps]))[0])
+      ours = float(_dpa_pld.suffix_delta(table, np.array([eps]))[0])
       assert ours == pytest.approx(ref, abs=1e-15, rel=1e-12) and ours >= ref - 1e-16, eps
   with np.errstate(over="ignore"):
     assert p.get_delta_for_epsilon(np.array([714.0]))[0] == -np.inf  # why the table is needed
@@ -334,11 +337,11 @@ def test_laplace_beyond_exps_range_gets_its_randomized_response_pair():
   with np.errstate(over="ignore"):
     ref = dpa.pld.PLDAccountant(value_discretization_interval=0.02).compose(dpa.LaplaceDpEvent(1e-3))
     assert ref.get_epsilon(1e-5) == math.inf
-  pld, _ = _dpa.pld_of_event(dpa.LaplaceDpEvent(1e-3), 0.02)
-  assert _same_pld(pld, _dpa.pld_from_privacy_parameters(1e3, 0.0, 0.02))
+  pld, _ = _dpa_pld.pld_of_event(dpa.LaplaceDpEvent(1e-3), 0.02)
+  assert _same_pld(pld, _dpa_pld.pld_from_privacy_parameters(1e3, 0.0, 0.02))
   assert 1e3 - 2e-5 <= pld.get_epsilon_for_delta(1e-5) <= 1e3
   # Below LAPLACE_MAX_LOSS: dp-accounting's Laplace PLD, bit for bit.
-  below, _ = _dpa.pld_of_event(dpa.LaplaceDpEvent(1 / 650), 0.01)
+  below, _ = _dpa_pld.pld_of_event(dpa.LaplaceDpEvent(1 / 650), 0.01)
   ref = dpa.pld.PLDAccountant(value_discretization_interval=0.01).compose(dpa.LaplaceDpEvent(1 / 650))
   assert _same_pld(below, ref._pld)  # pylint: disable=protected-access
 
@@ -381,7 +384,7 @@ def test_poisson_gaussian_rdp_edges_and_cache_are_dp_accountings():
 
 def _assert_same_pld(ours, ref):
   assert ours._symmetric == ref._symmetric  # pylint: disable=protected-access
-  for a, b in zip(_dpa.pld_pmf_pair(ours), _dpa.pld_pmf_pair(ref)):
+  for a, b in zip(_dpa_pld.pld_pmf_pair(ours), _dpa_pld.pld_pmf_pair(ref)):
     assert type(a) is type(b) and a._infinity_mass == b._infinity_mass  # pylint: disable=protected-access
     if hasattr(b, "_probs"):
       assert a._lower_loss == b._lower_loss and np.array_equal(a._probs, b._probs)  # pylint: disable=protected-access
@@ -396,11 +399,11 @@ def test_compose_plds_is_dp_accountings_bit_for_bit():
   pure = pld_lib.from_privacy_parameters(dpa.pld.common.DifferentialPrivacyParameters(1.0, 1e-6), 1e-3)  # sparse
   identity = pld_lib.identity(1e-3)
   for a, b in [(run, gauss), (gauss, run), (run, run), (gauss, gauss), (run, pure), (pure, pure), (identity, run)]:
-    for tail in (_dpa.COMPOSE_TAIL_MASS, 0.0, 1e-8):
-      _assert_same_pld(_dpa.compose_plds(a, b, tail), a.compose(b, tail))
+    for tail in (_dpa_pld.COMPOSE_TAIL_MASS, 0.0, 1e-8):
+      _assert_same_pld(_dpa_pld.compose_plds(a, b, tail), a.compose(b, tail))
   optimistic = pld_lib.from_gaussian_mechanism(1.0, sampling_prob=0.16, pessimistic_estimate=False,
                                                value_discretization_interval=1e-3)
-  _assert_same_pld(_dpa.compose_plds(optimistic, optimistic), optimistic.compose(optimistic))
+  _assert_same_pld(_dpa_pld.compose_plds(optimistic, optimistic), optimistic.compose(optimistic))
 
 
 def test_truncation_prefix_is_dp_accountings_sum_from_the_left():
@@ -414,12 +417,13 @@ def test_truncation_prefix_is_dp_accountings_sum_from_the_left():
         if s > threshold:
           ref = i
           break
-      assert _dpa._truncation_prefix(arr, threshold) == ref  # pylint: disable=protected-access
+      assert _dpa_pld._truncation_prefix(arr, threshold) == ref  # pylint: disable=protected-access
 
 
 def test_pmf_delta_lower_is_dp_accountings_value():
   pld = dpa.pld.privacy_loss_distribution.from_gaussian_mechanism(
       1.0, sampling_prob=0.16, value_discretization_interval=1e-3).self_compose(20)
-  for pmf in _dpa.pld_pmf_pair(pld):
+  for pmf in _dpa_pld.pld_pmf_pair(pld):
     for eps in (-1.0, 0.0, 0.5, 1.0, 2.0, 3.0 + 1e-7, 50.0):
-      assert _dpa.pmf_delta_lower(pmf, eps) == pytest.approx(float(pmf.get_delta_for_epsilon(eps)), rel=1e-12)
+      assert _dpa_pld.pmf_delta_lower(pmf, eps) == pytest.approx(float(pmf.get_delta_for_epsilon(eps)),
+                                                                 rel=1e-12)

@@ -8,7 +8,7 @@ import dp_accounting as dpa
 import pytest
 
 from jaxdp import accounting as acc
-from jaxdp.accounting import inverse, pld_accountant
+from jaxdp.accounting import _search, inverse, pld_accountant
 
 GAUSS4 = dpa.GaussianDpEvent(4.0)
 
@@ -78,7 +78,7 @@ def test_calibrate_noise_bad_input(kwargs, match):
 # `plan` and `calibrate` remember each event's epsilon within one search; the
 # numbers of a single method must be the ones the code gave before those
 # speed-ups (commit 1bd2e7c). Method "best" is searched method by method since
-# issue 25 (`inverse._calibrate_best`), which finds another point of the same
+# issue 25 (`_search._calibrate_best`), which finds another point of the same
 # tolerance window: within rtol of the boundary, on its private side.
 
 # plan(base, epsilon, 1e-5) at 1bd2e7c: single-run epsilon, then per family
@@ -276,11 +276,13 @@ def test_secant_search_is_feasible_and_tight_whatever_the_slope_it_starts_from(s
   # costs probes, never the guarantees: the answer meets the target and 1/(1 + rtol) of
   # it does not.
   make, rtol = _search_event(acc.Geometric(mean=3)), 1e-3
-  search = inverse._Search("rdp", None, False, member_of_best=True)  # pylint: disable=protected-access
-  sigma = inverse._calibrate_near(make, 2.0, 1e-5, search, found=8.0, low=1e-3, high=1e3,  # pylint: disable=protected-access
+  search = _search.Search("rdp", None, False, member_of_best=True)  # pylint: disable=protected-access
+  sigma = _search._calibrate_near(make, 2.0, 1e-5, search, found=8.0, low=1e-3, high=1e3,
+                                   # pylint: disable=protected-access
                                   increasing=False, rtol=rtol, slope=slope)
   assert sigma is not None and sigma < 8.0
   assert acc.epsilon(make(sigma), 1e-5, "rdp") <= 2.0 < acc.epsilon(make(sigma / (1 + rtol)), 1e-5, "rdp")
   # A method that fails one step below the answer so far does not improve on it.
-  assert inverse._calibrate_near(make, 2.0, 1e-5, search, found=sigma, low=1e-3, high=1e3,  # pylint: disable=protected-access
+  assert _search._calibrate_near(make, 2.0, 1e-5, search, found=sigma, low=1e-3, high=1e3,
+                                  # pylint: disable=protected-access
                                  increasing=False, rtol=rtol, slope=slope) is None

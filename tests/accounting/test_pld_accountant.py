@@ -7,13 +7,13 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 
-from jaxdp.accounting import _dpa
+from jaxdp.accounting import _dpa_pld as pld_adapter
 from jaxdp.accounting import distributions as dists
 from jaxdp.accounting import events as ev
 from jaxdp.accounting.pld_accountant import PldAccountant
 from tests.accounting import exact_selection as ex
 
-FLOOR = _dpa.PLD_DELTA_FLOOR
+FLOOR = pld_adapter.PLD_DELTA_FLOOR
 RUN = ev.dpsgd_event(0.01, 1.0, 1000)  # q = 0.01, sigma = 1, 10 epochs
 _GAUSS = dpa.pld.privacy_loss_mechanism.GaussianPrivacyLoss
 _ROUNDING = 1e-15  # absolute float error of a hockey-stick sum, per unit of e^eps
@@ -365,8 +365,9 @@ def test_epsilon_exceeds_stops_at_the_first_terms_that_exceed(monkeypatch):
   # Poisson(3) needs 22 terms; far below the epsilon the first few already
   # put delta above the target, and the rest are never composed.
   composed = []
-  real = _dpa.compose_plds
-  monkeypatch.setattr(_dpa, "compose_plds", lambda a, b, *args: composed.append(1) or real(a, b, *args))
+  real = pld_adapter.compose_plds
+  monkeypatch.setattr(pld_adapter, "compose_plds", lambda a, b, *args: composed.append(1) or real(a, b,
+                                                                                                  *args))
   PldAccountant(_COARSE).compose(_SEARCH).get_epsilon(1e-5)
   full = len(composed)
   composed.clear()

@@ -11,6 +11,7 @@ from scipy import stats
 
 from jaxdp import accounting as acc
 from jaxdp.accounting import _dpa
+from jaxdp.accounting import _dpa_pld
 from jaxdp.accounting import profiles
 from tests.accounting import exact_selection as ex
 
@@ -61,10 +62,10 @@ def test_pld_delta_matches_dp_accounting_and_is_not_smaller(dpsgd_profile):
     # The raw PLD value (ours drops FFT round-off negatives); at eps = 4 it is
     # ~1e-11, below PLD_DELTA_FLOOR, where the profile itself no longer uses it.
     assert pld.raw_pld_delta(eps) == pytest.approx(ref, rel=5e-2, abs=1e-12)
-    if ref >= _dpa.PLD_DELTA_FLOOR:
+    if ref >= _dpa_pld.PLD_DELTA_FLOOR:
       assert ours == pytest.approx(ref, rel=5e-2, abs=1e-12)
     else:
-      assert pld.delta(eps) == _dpa.PLD_DELTA_FLOOR
+      assert pld.delta(eps) == _dpa_pld.PLD_DELTA_FLOOR
 
 
 def test_pld_vectorised_equals_scalar(dpsgd_profile):
@@ -154,6 +155,6 @@ def test_composed_pld_profile_uses_suffix_sums_equal_to_dp_accounting():
   eps = np.linspace(0.0, 20.0, 41)
   fast = profile._delta_nonneg(eps)  # pylint: disable=protected-access
   slow = np.minimum(1.0, np.maximum(np.asarray(profile._pld.get_delta_for_epsilon(eps)), 0.0)  # pylint: disable=protected-access
-                    + _dpa.PLD_DELTA_FLOOR)
+                    + _dpa_pld.PLD_DELTA_FLOOR)
   np.testing.assert_allclose(fast, slow, rtol=1e-9, atol=1e-12)
   assert np.all(fast >= slow - 1e-15)

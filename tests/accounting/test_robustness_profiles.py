@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxdp.accounting import _dpa
+from jaxdp.accounting import _dpa_pld
 from jaxdp.accounting import distributions
 from jaxdp.accounting import profiles
 
@@ -144,7 +145,7 @@ def q01():
 
 def test_pld_never_uses_values_below_the_floor(q01):
   pld, with_rdp, rdp_prof = q01
-  floor = _dpa.PLD_DELTA_FLOOR
+  floor = _dpa_pld.PLD_DELTA_FLOOR
   eps = np.linspace(0.0, 12.0, 61)
   raw = pld.raw_pld_delta(eps)
   assert np.all(pld.delta(eps) >= floor)

@@ -18,11 +18,12 @@ import pytest
 
 from jaxdp import accounting as acc
 from jaxdp.accounting import _dpa
+from jaxdp.accounting import _dpa_pld
 from jaxdp.accounting import profile_accountant
 from jaxdp.accounting import profiles
 
 G = dpa.GaussianDpEvent
-FLOOR = _dpa.PLD_DELTA_FLOOR
+FLOOR = _dpa_pld.PLD_DELTA_FLOOR
 
 
 def _epsilons(event, delta=1e-5, methods=acc.METHODS):
@@ -54,7 +55,7 @@ PLD_FAILURES = [(1 - 1e-12, 0.2), (1 - 1e-12, 0.25), (1 - 1e-12, 0.3), (1 - 1e-1
 def _dp_accounting_build_fails(event) -> bool:
   """Whether dp-accounting's own PLD accountant fails on `event`, at jaxdp's grid, here."""
   try:
-    dpa.pld.PLDAccountant(value_discretization_interval=_dpa.pld_interval_for(event)).compose(event)
+    dpa.pld.PLDAccountant(value_discretization_interval=_dpa_pld.pld_interval_for(event)).compose(event)
   except ValueError:
     return True
   return False
@@ -66,7 +67,7 @@ def test_a_failing_dp_accounting_pld_build_is_not_applicable_with_its_reason():
   assert failing, "dp-accounting built every PLD of the list: nothing left to test here"
   for event in failing[:3]:
     with pytest.raises(acc.NotApplicableError, match="ValueError: a must be greater than b"):
-      _dpa.pld_of_event(event, _dpa.pld_interval_for(event))
+      _dpa_pld.pld_of_event(event, _dpa_pld.pld_interval_for(event))
 
 
 def _check_q_near_one(q, sigma, steps):

@@ -112,7 +112,7 @@ def test_no_noise_is_not_private_and_bad_input_is_refused():
 
 def test_the_log_ratio_is_the_densities_ratio():
   profile = GadgetProfile(SIGMA, acc.Poisson(mean=3))
-  sigma, dist = profile.noise_multiplier, profile.repetitions
+  sigma, dist = profile.noise_multiplier, profile.distribution
   s = np.array([-1.0, 0.2, 0.9, 2.5])
   f0 = special.ndtr(s / sigma)
   f1 = 0.5 * f0 + 0.5 * special.ndtr((s - 1) / sigma)

@@ -10,7 +10,7 @@ import pytest
 from jaxdp import accounting as acc
 from jaxdp.audit import attacks, game
 from jaxdp.sweep import engine
-from jaxdp.tuning import random_search
+from jaxdp.tuning import LocalTrainer, random_search, RunConfig, TrainFunction
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +21,10 @@ def gadget():
 @pytest.fixture(scope="module")
 def gadget_audit(gadget, two_devices):
   return game.audit_search(gadget.config, gadget.grid, gadget.without, gadget.with_,
-                           repetitions=acc.Poisson(mean=3), statistic=gadget.statistic, trials=300,
-                           key=jax.random.key(0), devices=two_devices, max_candidates_per_device=64)
+                           distribution=acc.Poisson(mean=3), statistic=gadget.statistic, trials=300,
+                           key=jax.random.key(0),
+                           run_config=RunConfig(trainer=LocalTrainer(devices=two_devices,
+                                                                     max_candidates_per_device=64)))
 
 
 @pytest.mark.slow  # the shared 300-search audit: 15 s; CI's slow set runs it
@@ -42,8 +44,9 @@ def test_the_game_runs_exactly_the_searches_random_search_runs(gadget, gadget_au
   # must release the very score the game recorded.
   for t in (3,):
     for side, data in ((0, gadget.without), (1, gadget.with_)):
-      res = random_search(gadget.config, gadget.grid, data, repetitions=acc.Poisson(mean=3),
-                          key=jax.random.fold_in(jax.random.key(0), 2 * t + side), devices=two_devices)
+      res = random_search(gadget.config, gadget.grid, data, distribution=acc.Poisson(mean=3),
+                          key=jax.random.fold_in(jax.random.key(0), 2 * t + side),
+                          run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)))
       recorded = (gadget_audit.statistics_with if side else gadget_audit.statistics_without)[t]
       expected = -1e6 if res.hyperparameters is None else res.score
       assert recorded == pytest.approx(expected, rel=1e-6)
@@ -65,8 +68,10 @@ def test_the_non_private_search_leaks(two_devices):
     warnings.simplefilter("ignore")
     attack = attacks.selection_gadget(0.0)
   res = game.audit_search(attack.config, attack.grid, attack.without, attack.with_,
-                          repetitions=acc.Poisson(mean=3), statistic=attack.statistic, trials=200,
-                          key=jax.random.key(1), devices=two_devices, max_candidates_per_device=64)
+                          distribution=acc.Poisson(mean=3), statistic=attack.statistic, trials=200,
+                          key=jax.random.key(1),
+                          run_config=RunConfig(trainer=LocalTrainer(devices=two_devices,
+                                                                    max_candidates_per_device=64)))
   assert math.isinf(res.accounted["best"])
   assert res.bound.epsilon > 2.0 and res.bound.fpr == 0.0
 
@@ -75,8 +80,9 @@ def test_the_non_private_search_leaks(two_devices):
 def test_realistic_outlier_search_stays_below_its_accounted_epsilon(two_devices):
   attack = attacks.outlier_lr_tuning(1.0)
   res = game.audit_search(attack.config, attack.grid, attack.without, attack.with_,
-                          repetitions=acc.Poisson(mean=3), statistic=attack.statistic, trials=100,
-                          key=jax.random.key(2), devices=two_devices)
+                          distribution=acc.Poisson(mean=3), statistic=attack.statistic, trials=100,
+                          key=jax.random.key(2),
+                          run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)))
   assert not res.violated and res.bound.epsilon <= res.accounted["best"]
 
 
@@ -90,19 +96,22 @@ def no_training(monkeypatch):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(trials=3), "too few"),
     (dict(trials=1), "trials"),
-    (dict(delta=0.0), "delta"),
-    (dict(delta=1.5), "delta"),
+    (dict(target_delta=0.0), "target_delta"),
+    (dict(target_delta=1.5), "target_delta"),
     (dict(confidence=1.0), "confidence"),
     (dict(statistic=lambda release: np.zeros(2)), "statistic must return a scalar"),
     (dict(statistic=lambda release: release.hyperparameters["arm"]), "released nothing"),
     (dict(statistic=3), "statistic must be a callable"),
+    (dict(config=TrainFunction(lambda hp, seed: (0.0, None), lambda hp: acc.PureDp(1.0))),
+     "config must be a TrainConfig or SearchSpace here: a TrainFunction reads its own data"),
 ])
 def test_bad_input_is_refused_before_training(gadget, no_training, kwargs, match):
-  args = dict(repetitions=acc.Poisson(mean=3), statistic=gadget.statistic, trials=100,
+  args = dict(distribution=acc.Poisson(mean=3), statistic=gadget.statistic, trials=100,
               key=jax.random.key(0))
   args.update(kwargs)
+  config = args.pop("config", gadget.config)
   with pytest.raises(ValueError, match=match):
-    game.audit_search(gadget.config, gadget.grid, gadget.without, gadget.with_, **args)
+    game.audit_search(config, gadget.grid, gadget.without, gadget.with_, **args)
 
 
 def test_built_in_statistics():

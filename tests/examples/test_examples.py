@@ -10,7 +10,7 @@ import pytest
 
 from examples import dp_logistic_regression
 from jaxdp import accounting as acc
-from jaxdp.tuning import random_search
+from jaxdp.tuning import random_search, RunConfig
 
 
 def test_numpy_example_main_prints_the_release_as_json(capsys):
@@ -43,8 +43,9 @@ def test_opacus_search_resumes_and_accounts_what_opacus_ran(tmp_path):
   def counted(hp, seed):
     calls.append(seed)
     return opacus_search.train_fn(hp, seed)
-  args = dict(repetitions=acc.Poisson(mean=3), key=jax.random.key(0), dp_event=opacus_search.dp_event,
-              target_epsilon=3.0, noise_parameter="noise_multiplier", run_dir=str(tmp_path))
+  args = dict(distribution=acc.Poisson(mean=3), key=jax.random.key(0), dp_event=opacus_search.dp_event,
+              target_epsilon=3.0, noise_parameter="noise_multiplier",
+              run_config=RunConfig(run_dir=str(tmp_path)))
   first = random_search(counted, opacus_search.GRID, **args)
   assert len(calls) == first.unreleased.num_candidates >= 1 and first.epsilon <= 3.0
   assert first.epsilon == acc.epsilon(acc.RepeatAndSelect(acc.UniformCandidates(

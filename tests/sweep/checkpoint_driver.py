@@ -55,9 +55,9 @@ def main(argv=None) -> int:
   from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
   from jaxdp.data import load_dataset  # pylint: disable=g-import-not-at-top
   from jaxdp.sweep import checkpoints, engine  # pylint: disable=g-import-not-at-top
-  from jaxdp.tuning import random_search  # pylint: disable=g-import-not-at-top
-  from jaxdp.tuning.search import draw_search  # pylint: disable=g-import-not-at-top
   from jaxdp.sweep import SearchSpace  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning import LocalTrainer, RunConfig, random_search  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning.draws import draw_search  # pylint: disable=g-import-not-at-top
 
   config = search_config(args.steps, args.every)
   key = jax.random.key(KEY)
@@ -98,9 +98,9 @@ def main(argv=None) -> int:
 
     checkpoints.Checkpoints.save = save_then_die
 
-  result = random_search(config, GRID, load_dataset("digits"), repetitions=acc.Poisson(mean=MEAN_K),
-                         key=key, run_dir=args.run_dir, progress=True,
-                         max_candidates_per_device=args.per_device)
+  result = random_search(config, GRID, load_dataset("digits"), distribution=acc.Poisson(mean=MEAN_K),
+                         key=key, run_config=RunConfig(run_dir=args.run_dir,
+                                                       trainer=LocalTrainer(max_candidates_per_device=args.per_device, progress=True)))
   leaves = [np.asarray(x) for x in jax.tree.leaves(result.params)]
   print(json.dumps({
       "hyperparameters": result.hyperparameters, "score": result.score, "epsilon": result.epsilon,

@@ -11,7 +11,7 @@ config's `steps` and its `ExecutionConfig.checkpoint_every`: long candidates
 whose workers save checkpoints into `<run-dir>/checkpoints` every S steps;
 the cadence is not part of the mechanism, so the local search of the same
 config, without run_dir and checkpoints, is the very same search). The search
-trains through `train_candidates_ray(address=..., chunk_size=1)`, one
+trains through `RayTrainer(address=..., chunk_size=1)`, one
 candidate per Ray task, into the durable pool in `--run-dir`. The test
 SIGKILLs this process, or a node under it, and runs it again.
 
@@ -32,7 +32,6 @@ released parameters' leaves. Its stderr holds the backend's `jaxdp:` lines.
 """
 
 import argparse
-import functools
 import hashlib
 import json
 import os
@@ -94,7 +93,7 @@ def main(argv=None) -> int:
   from ray import cloudpickle  # pylint: disable=g-import-not-at-top
 
   from jaxdp.sweep import ray_backend  # pylint: disable=g-import-not-at-top
-  from jaxdp.tuning import random_search  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning import RayTrainer, RunConfig, random_search  # pylint: disable=g-import-not-at-top
 
   with open(args.search, "rb") as f:
     search = cloudpickle.load(f)
@@ -109,10 +108,10 @@ def main(argv=None) -> int:
     raise SystemExit("jaxdp.sweep.ray_backend._train_chunk is gone: update the test's driver")
   ray_backend._train_chunk = _logging_chunk(ray_backend._train_chunk, args.task_log, args.label,  # pylint: disable=protected-access
                                             args.task_delay)
-  trainer = functools.partial(ray_backend.train_candidates_ray, address=args.address, chunk_size=1)
+  trainer = RayTrainer(address=args.address, chunk_size=1)
   result = random_search(config, search["grid"], search["data"],
-                         repetitions=search["repetitions"], key=jax.random.key(search["key"]),
-                         run_dir=args.run_dir, trainer=trainer)
+                         distribution=search["repetitions"], key=jax.random.key(search["key"]),
+                         run_config=RunConfig(run_dir=args.run_dir, trainer=trainer))
   leaves = [np.asarray(x) for x in jax.tree.leaves(result.params)]
   if args.params_out:
     np.savez(args.params_out, *leaves)

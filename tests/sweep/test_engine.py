@@ -8,6 +8,7 @@ import pytest
 
 from jaxdp.sweep import Candidate, SearchSpace, engine, grid_candidates
 from jaxdp.train import program, train_candidate
+from jaxdp.train import loop_spec
 
 
 def _cands(base_config):
@@ -107,7 +108,7 @@ def test_equal_seeds_at_different_grid_points_draw_independent_noise(digits, bas
   moves = []
   for cand, r in zip(cands, res):
     init_key, _ = jax.random.split(cand.key())
-    spec = program.LoopSpec.from_config(cand.config, digits)
+    spec = loop_spec.LoopSpec.from_config(cand.config, digits)
     start = program.init_params(spec, init_key, digits.train)
     moves.append(np.concatenate([np.ravel((a - b) / cand.config.hparams["learning_rate"])
                                  for a, b in zip(jax.tree.leaves(r.params), jax.tree.leaves(start))]))

@@ -20,7 +20,7 @@ from examples import dp_logistic_regression as ex
 from jaxdp import accounting as acc
 from jaxdp.sweep import SearchMismatchError
 from jaxdp.sweep.identity import UNIDENTIFIED, function_identity
-from jaxdp.tuning import random_search
+from jaxdp.tuning import RunConfig, TrainFunction, random_search
 
 GRID = {"learning_rate": [0.3, 1.0], "l2_clip_norm": [0.5], "sampling_prob": [0.1], "steps": [20],
         "noise_multiplier": [4.0]}
@@ -179,15 +179,16 @@ def test_a_run_dir_refuses_the_function_after_its_config_module_changed(modules,
   """End to end: the stored candidates of the old function are never released as the new's."""
   train = ("import cfg_run\nfrom examples import dp_logistic_regression as ex\n\n"
            "def train_fn(hparams, seed):\n  return ex.train_fn(dict(hparams, learning_rate=hparams['learning_rate'] * cfg_run.SCALE), seed)\n")
-  args = dict(repetitions=acc.Fixed(2), key=jax.random.key(0), dp_event=ex.dp_event,
-              run_dir=str(tmp_path / "run"))
+  args = dict(distribution=acc.Fixed(2), key=jax.random.key(0),
+              run_config=RunConfig(run_dir=str(tmp_path / "run")))
+  function = lambda: TrainFunction(modules("train_run", train).train_fn, ex.dp_event)
   modules("cfg_run", "SCALE = 1.0\n")
-  random_search(modules("train_run", train).train_fn, GRID, **args)
+  random_search(function(), GRID, **args)
   modules("cfg_run", "SCALE = 1.0\n")
-  assert random_search(modules("train_run", train).train_fn, GRID, **args).unreleased.resumed == 2
+  assert random_search(function(), GRID, **args).unreleased.resumed == 2
   modules("cfg_run", "SCALE = 2.0\n")
   with pytest.raises(SearchMismatchError, match="train_fn"):
-    random_search(modules("train_run", train).train_fn, GRID, **args)
+    random_search(function(), GRID, **args)
 
 
 def test_a_partial_of_a_user_function_is_followed(modules):

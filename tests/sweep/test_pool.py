@@ -12,8 +12,8 @@ import time
 import pytest
 
 import jaxdp
-from jaxdp.sweep import (PoolLockedError, PoolMismatchError, ResultPool, SearchSpace, grid_candidates,
-                         run_sweep)
+from jaxdp.sweep import (LocalTrainer, PoolLockedError, PoolMismatchError, ResultPool, SearchSpace,
+                         grid_candidates, run_sweep)
 from jaxdp.sweep.pool import SearchMismatchError
 from jaxdp.sweep.space import KEY_DERIVATION
 
@@ -218,7 +218,7 @@ def test_a_second_writer_process_is_refused_with_a_clear_error(tmp_path):
   try:
     assert holder.stdout.readline().strip() == "locked"
     with pytest.raises(PoolLockedError) as err:
-      run_sweep([], None, run_dir, FP, progress=False)
+      run_sweep([], None, run_dir, FP)
     assert str(err.value) == (
         f"run directory {str(run_dir)!r} is locked: another process (pid {holder.pid}) is writing "
         "it. Two writers would train the same candidates twice; wait for it to finish or use "
@@ -288,13 +288,14 @@ def test_run_sweep_resumes_and_skips_finished(tmp_path, digits, base_config, two
   cands = grid_candidates(space, seeds=[0, 1])
   calls = []
 
-  def counting_trainer(todo, data, **kw):
-    calls.append(len(todo))
-    from jaxdp.sweep import engine  # pylint: disable=g-import-not-at-top
-    return engine.train_candidates(todo, data, **kw)
+  local = LocalTrainer(devices=two_devices)
 
-  run_sweep(cands[:3], digits, tmp_path, FP, progress=False, trainer=counting_trainer, devices=two_devices)
-  pool = run_sweep(cands, digits, tmp_path, FP, progress=False, trainer=counting_trainer, devices=two_devices)
+  def counting_trainer(todo, plan, **kw):  # a callable is a trainer too
+    calls.append(len(todo))
+    return local(todo, plan, **kw)
+
+  run_sweep(cands[:3], digits, tmp_path, FP, trainer=counting_trainer)
+  pool = run_sweep(cands, digits, tmp_path, FP, trainer=counting_trainer)
   assert calls == [3, 1]
   assert pool.done_ids() == {c.id for c in cands}
   rec = pool.records[0]
@@ -311,7 +312,7 @@ _SCRIPT = textwrap.dedent("""
     base = TrainConfig(task=presets.classifier(10), l2_clip_norm=1.0, noise_multiplier=1.0,
                        sampling_prob=0.05, steps=400, hparams=dict(learning_rate=1.0, model="mlp"))
     cands = grid_candidates(SearchSpace(base, {"learning_rate": [0.1, 0.2, 0.4, 0.8, 1.6, 3.2]}), seeds=[0])
-    run_sweep(cands, load_dataset("digits"), sys.argv[1], {"kill": 1}, progress=False,
+    run_sweep(cands, load_dataset("digits"), sys.argv[1], {"kill": 1},
               max_candidates_per_device=1)
 """)
 

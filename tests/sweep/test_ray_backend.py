@@ -1,10 +1,12 @@
-"""The Ray backend fills the same pool as the local engine, against a local Ray instance."""
+"""The Ray trainer (`jaxdp.sweep.trainers.RayTrainer`, `jaxdp.sweep.ray_backend`) fills the same
+pool as the local one, against a local Ray instance."""
 
 
 import pytest
 
-from jaxdp.sweep import SearchSpace, engine, grid_candidates, run_sweep
-from jaxdp.sweep.ray_backend import train_candidates_ray
+from jaxdp.sweep import (LocalTrainer, RayTrainer, SearchSpace, TaskPlan, engine, grid_candidates,
+                         run_sweep)
+from jaxdp.tuning import RunConfig, TrainFunction
 
 ray = pytest.importorskip("ray", reason="the Ray backend is optional: pip install 'jaxdp[ray]'")
 
@@ -25,8 +27,8 @@ def test_ray_backend_matches_local_engine_and_resumes(local_ray, tmp_path, digit
   cands = grid_candidates(SearchSpace(base_config, {"learning_rate": [0.5, 1.0, 2.0]}), seeds=[0, 1])
   fp = {"ray": True}
   # First a partial local sweep, then the Ray backend completes the same pool.
-  run_sweep(cands[:2], digits, tmp_path, fp, progress=False)
-  pool = run_sweep(cands, digits, tmp_path, fp, progress=False, trainer=train_candidates_ray, chunk_size=2)
+  run_sweep(cands[:2], digits, tmp_path, fp)
+  pool = run_sweep(cands, digits, tmp_path, fp, trainer=RayTrainer(chunk_size=2))
   assert pool.done_ids() == {c.id for c in cands}
   by_id = {r["id"]: r for r in pool.records}
   local = engine.train_candidates(cands, digits)
@@ -35,9 +37,12 @@ def test_ray_backend_matches_local_engine_and_resumes(local_ray, tmp_path, digit
     assert by_id[c.id]["epsilon"] == res.epsilon
 
 
-def test_bad_chunk_size(local_ray, digits, base_config):
+def test_bad_options_fail_when_the_trainer_is_built():
   with pytest.raises(ValueError, match="chunk_size"):
-    train_candidates_ray([], digits, chunk_size=0)
+    RayTrainer(chunk_size=0)
+  with pytest.raises(ValueError, match="local.devices names this process's jax devices"):
+    import jax  # pylint: disable=g-import-not-at-top
+    RayTrainer(local=LocalTrainer(devices=jax.devices()))
 
 
 def test_a_worker_compiles_a_search_once(local_ray, digits, base_config):
@@ -46,7 +51,7 @@ def test_a_worker_compiles_a_search_once(local_ray, digits, base_config):
   # workers here), not one per chunk.
   cands = grid_candidates(SearchSpace(base_config.replace(steps=7), {"learning_rate": [0.5, 1.0, 2.0]}),
                           seeds=[0, 1])
-  results = train_candidates_ray(cands, digits, chunk_size=1)
+  results = RayTrainer(chunk_size=1)(cands, TaskPlan.for_candidates(cands, digits))
   compiled = [r for r in results if r.compile_time_s > 0]
   assert 1 <= len(compiled) <= 2, [r.compile_time_s for r in results]
 
@@ -55,8 +60,6 @@ def test_a_worker_compiles_a_search_once(local_ray, digits, base_config):
 def test_a_training_function_runs_on_ray_with_the_local_release(local_ray, tmp_path):
   """`trainer=` ships a training function to the workers (by value here: the workers need not
   import the example's module) and releases what the local search releases."""
-  import functools  # pylint: disable=g-import-not-at-top
-
   import cloudpickle  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -67,11 +70,12 @@ def test_a_training_function_runs_on_ray_with_the_local_release(local_ray, tmp_p
 
   cloudpickle.register_pickle_by_value(ex)
   try:
-    args = dict(repetitions=acc.Poisson(mean=4), key=jax.random.key(5), dp_event=ex.dp_event)
+    args = dict(distribution=acc.Poisson(mean=4), key=jax.random.key(5))
     grid = dict(ex.GRID, noise_multiplier=[4.0])
-    local = random_search(ex.train_fn, grid, **args)
-    remote = random_search(ex.train_fn, grid, run_dir=str(tmp_path), progress=True,
-                           trainer=functools.partial(train_candidates_ray, chunk_size=2), **args)
+    function = TrainFunction(ex.train_fn, ex.dp_event)
+    local = random_search(function, grid, **args)
+    remote = random_search(function, grid, **args, run_config=RunConfig(
+        run_dir=str(tmp_path), trainer=RayTrainer(chunk_size=2)))
   finally:
     cloudpickle.unregister_pickle_by_value(ex)
   assert (remote.hyperparameters, remote.unreleased.seed, remote.unreleased.num_candidates, remote.epsilon) == \
@@ -79,4 +83,4 @@ def test_a_training_function_runs_on_ray_with_the_local_release(local_ray, tmp_p
   # Another process on this machine: the same NumPy kernels, so the same bits but for round-off
   # a BLAS thread split could change (a tolerance, not exactness, across processes).
   assert remote.score == pytest.approx(local.score, abs=1e-12)
-  np.testing.assert_allclose(remote.artifact["w"], local.artifact["w"], rtol=1e-10)
+  np.testing.assert_allclose(remote.params["w"], local.params["w"], rtol=1e-10)

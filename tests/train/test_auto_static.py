@@ -7,9 +7,8 @@ import pytest
 
 from jaxdp import accounting as acc
 from jaxdp.train import LoopSpec, Task, TrainConfig, train_candidate
-from jaxdp.tuning import dry_run, random_search
-from jaxdp.tuning.planning import groups_of
-from jaxdp.sweep import SearchPlan, SearchSpace
+from jaxdp.tuning import dry_run, LocalTrainer, random_search, RunConfig
+from jaxdp.sweep import SearchSpace, TaskPlan
 
 
 def _loss(logits, batch):
@@ -58,13 +57,13 @@ def test_the_search_and_its_dry_run_say_what_became_static_and_compile_once_per_
   config = TrainConfig(task=_task(factory, "warmup_cosine-search"), l2_clip_norm=1.0,
                        noise_multiplier=1.0, sampling_prob=0.05, steps=6, hparams=hparams)
   grid = {"lr": [0.2, 0.5]}
-  groups = groups_of(SearchPlan.build(SearchSpace(config, grid), digits))
+  groups = TaskPlan.build(SearchSpace(config, grid), digits).summary()["groups"]
   assert len(groups) == 2  # one compilation per value
-  plan = dry_run(config, grid, digits, repetitions=acc.Poisson(mean=3))
+  plan = dry_run(config, grid, digits, distribution=acc.Poisson(mean=3))
   assert set(plan.auto_static) == {"lr"}
   assert "static automatically: 'lr' (the optimizer factory needs a concrete value" in str(plan)
-  result = random_search(config, grid, digits, repetitions=acc.Fixed(2), key=jax.random.key(0),
-                         devices=two_devices)
+  result = random_search(config, grid, digits, distribution=acc.Fixed(2), key=jax.random.key(0),
+                         run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)))
   assert set(result.unreleased.auto_static) == {"lr"} and result.hyperparameters["lr"] in grid["lr"]
 
 

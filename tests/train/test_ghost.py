@@ -22,7 +22,8 @@ import pytest
 
 from jaxdp.data import DataSplit
 from jaxdp.train import clipping, presets
-from jaxdp.train.ghost import ghost_clipped_grad_sum, ghost_layers
+from jaxdp.train.ghost import ghost_clipped_grad_sum
+from jaxdp.train.ghost_analysis import ghost_layers
 
 RTOL, ATOL = 1e-5, 1e-6
 CLIP_SLACK = 2e-4
@@ -396,9 +397,9 @@ class _ConvWideHead(nn.Module):
 
 
 def _auto_paths(model, shape, budget=None, monkeypatch=None):
-  from jaxdp.train import ghost  # pylint: disable=g-import-not-at-top
+  from jaxdp.train import microbatching  # pylint: disable=g-import-not-at-top
   if budget is not None:
-    monkeypatch.setattr(ghost.microbatching, "budget_bytes", lambda device=None: budget)
+    monkeypatch.setattr(microbatching, "budget_bytes", lambda device=None: budget)
   x, y = _data(shape, 4)
   params = jax.eval_shape(model.init, jax.random.key(0), x[:1])
   split = ghost_layers(_classifier_loss(model), params, (x, y), auto=True)

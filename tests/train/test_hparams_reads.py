@@ -19,6 +19,7 @@ import pytest
 from jaxdp.data import Dataset
 from jaxdp.train import (HParams, LoopSpec, Model, Task, TrainConfig, UncheckedHparamsWarning,
                          program, schedules, train_candidate)
+from jaxdp.train import loop_spec
 
 D, N_TRAIN, STEPS = 5, 64, 12
 RATES = [0.05, 0.1, 0.2, 0.4]
@@ -200,7 +201,7 @@ def test_the_optimizer_factory_gets_the_runs_number_of_steps():
   seen.clear()
   loop = program.build_train_loop(spec)  # traced as train_candidate compiles it, shapes only
   params = program.param_shapes(spec, DATA.train)
-  jax.eval_shape(loop, params, config.plan(N_TRAIN), program.traced_hparams(spec, config),
+  jax.eval_shape(loop, params, config.plan(N_TRAIN), loop_spec.traced_hparams(spec, config),
                  jax.random.key(0), DATA.train)
   # Two calls inside the loop, each with T and the rate traced: the optimizer built for its init
   # (`begin`) and for its steps (`advance`, which a checkpointed run calls once per segment).

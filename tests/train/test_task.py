@@ -24,6 +24,7 @@ from jaxdp.data import Dataset
 from jaxdp.train import (CONFIG_FIELDS, DpScore, HParams, LoopSpec, Model, NoisyMean,
                          NotPrivateWarning, Task, TrainConfig, UncheckedHparamsWarning, presets,
                          check_task, program, train_candidate, trainer)
+from jaxdp.train import loop_spec
 
 D, N_TRAIN, N_TEST, N_VAL = 5, 64, 24, 400
 
@@ -225,7 +226,7 @@ def test_loop_spec_groups_candidates_by_static_values_only():
   spec = LoopSpec.from_config(cfg, DATA)
   assert spec.static_hparams == (("scale", 0.5), ("schedule", "warmup"), ("warmup", 5), ("width", 8))
   assert spec.traced_names == ("learning_rate", "weight_decay")
-  traced = program.traced_hparams(spec, cfg)
+  traced = loop_spec.traced_hparams(spec, cfg)
   assert {k: (v.dtype, v.shape) for k, v in traced.items()} == {
       "learning_rate": (jnp.float32, ()), "weight_decay": (jnp.float32, ())}
   np.testing.assert_allclose([traced["learning_rate"], traced["weight_decay"]], [0.1, 0.01])

@@ -19,8 +19,9 @@ from jaxdp.models import lora
 from jaxdp.sweep import Candidate, engine
 from jaxdp.train import DpSgdPlan, LoopSpec, Task, TrainConfig, program, train_candidate
 from jaxdp.train import trainable as trainable_lib
-from jaxdp.train.ghost import ghost_layers
-from jaxdp.tuning import random_search
+from jaxdp.train import loop_spec
+from jaxdp.train.ghost_analysis import ghost_layers
+from jaxdp.tuning import LocalTrainer, random_search, RunConfig, SubsetTuning
 
 HEAD = "params/head/"
 
@@ -181,14 +182,14 @@ def test_no_per_example_gradient_of_a_frozen_leaf_is_computed(batch_and_params):
 def test_auto_clipping_of_a_frozen_backbone_names_it_frozen(digits):
   # The analysis traces the loss with the frozen leaves as abstract constants (no memory).
   task = _task(_head_only, "auto")
-  spec = program.LoopSpec.from_config(_config(task), digits)
-  paths = program.clipping_paths(spec, digits.train)
+  spec = loop_spec.LoopSpec.from_config(_config(task), digits)
+  paths = loop_spec.clipping_paths(spec, digits.train)
   assert [(param, path) for param, path, _ in paths] == [
       (f"params/{layer}/{leaf}", path) for layer, path in
       (("backbone/body0", "frozen"), ("backbone/body1", "frozen"), ("head", "ghost")) for leaf in ("bias", "kernel")]
   # The microbatch counts no per-example gradient of the head, whose norm is a ghost norm.
-  assert program.per_example_bytes(spec, digits.train) < program.per_example_bytes(
-      program.LoopSpec.from_config(_config(_task(_head_only, "vmap")), digits), digits.train)
+  assert loop_spec.per_example_bytes(spec, digits.train) < loop_spec.per_example_bytes(
+      loop_spec.LoopSpec.from_config(_config(_task(_head_only, "vmap")), digits), digits.train)
 
 
 # ---------------------------------------------------------------------------- a search
@@ -204,8 +205,9 @@ def pretrained(digits):
 @pytest.mark.slow  # two searches: about 8 s
 def test_a_head_only_search_leaves_the_backbone_bit_for_bit(digits, pretrained, two_devices):
   config = _config(HEAD_TASK)
-  result = random_search(config, {"learning_rate": [0.3, 1.0]}, digits, repetitions=acc.Fixed(3),
-                         key=jax.random.key(1), initial_params=pretrained, devices=two_devices)
+  result = random_search(config, {"learning_rate": [0.3, 1.0]}, digits, distribution=acc.Fixed(3),
+                         key=jax.random.key(1), initial_params=pretrained,
+                         run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)))
   for got, want in zip(jax.tree.leaves(result.params["params"]["backbone"]),
                        jax.tree.leaves(pretrained["params"]["backbone"])):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -215,7 +217,8 @@ def test_a_head_only_search_leaves_the_backbone_bit_for_bit(digits, pretrained, 
                             np.asarray(init["params"]["head"]["kernel"]))  # the head trained
   # The same event as full training: frozen leaves change nothing accounted.
   full = random_search(_config(FULL_TASK), {"learning_rate": [0.3, 1.0]}, digits,
-                       repetitions=acc.Fixed(3), key=jax.random.key(1), devices=two_devices)
+                       distribution=acc.Fixed(3), key=jax.random.key(1),
+                       run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)))
   assert result.event == full.event and result.epsilon == full.epsilon
 
 
@@ -241,11 +244,11 @@ def test_a_lone_run_and_the_engine_agree_with_frozen_leaves(digits, pretrained, 
 ], ids=["unknown-path", "shape", "empty"])
 def test_public_parameters_that_do_not_fit_are_refused_before_k_is_drawn(digits, initial, match,
                                                                         monkeypatch):
-  from jaxdp.tuning import search  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(search, "draw_search", lambda *a: pytest.fail("K was drawn"))
+  from jaxdp.tuning import draws  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(draws, "draw_search", lambda *a: pytest.fail("K was drawn"))
   with pytest.raises(ValueError, match=match):
     random_search(_config(HEAD_TASK), {"learning_rate": [0.3]}, digits,
-                  repetitions=acc.Fixed(2), key=jax.random.key(1), initial_params=initial)
+                  distribution=acc.Fixed(2), key=jax.random.key(1), initial_params=initial)
 
 
 # ---------------------------------------------------------------------------- LoRA
@@ -292,8 +295,8 @@ def test_a_lora_search_from_a_pretrained_backbone(digits, two_devices):
   task = _task(trainable, "ghost", model=lambda hp: Net(rank=hp["rank"]))
   result = random_search(_config(task, rank=2),
                          {"learning_rate": [0.5, 2.0], "rank": [1, 4]}, digits,
-                         repetitions=acc.Fixed(3), key=jax.random.key(2), initial_params=public,
-                         devices=two_devices)
+                         distribution=acc.Fixed(3), key=jax.random.key(2), initial_params=public,
+                         run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)))
   assert result.hyperparameters["rank"] in (1, 4)
   for layer in ("body0", "body1"):
     np.testing.assert_array_equal(np.asarray(result.params["params"][layer]["kernel"]),
@@ -304,7 +307,8 @@ def test_a_lora_search_from_a_pretrained_backbone(digits, two_devices):
 @pytest.mark.slow  # a durable search: about 5 s
 def test_a_durable_search_refuses_other_public_parameters(digits, pretrained, two_devices, tmp_path):
   from jaxdp.sweep import SearchMismatchError  # pylint: disable=g-import-not-at-top
-  kwargs = dict(repetitions=acc.Fixed(1), key=jax.random.key(1), devices=two_devices, run_dir=tmp_path)
+  kwargs = dict(distribution=acc.Fixed(1), key=jax.random.key(1), run_config=RunConfig(run_dir=tmp_path,
+                                                                                       trainer=LocalTrainer(devices=two_devices)))
   random_search(_config(HEAD_TASK), {"learning_rate": [0.3]}, digits, initial_params=pretrained,
                 **kwargs)
   other = jax.tree.map(lambda x: x + 1.0, pretrained)
@@ -319,8 +323,10 @@ def test_subsampled_search_starts_its_tuning_and_final_run_from_public_parameter
   from jaxdp.train import keep_hparams  # pylint: disable=g-import-not-at-top
   from jaxdp.tuning import subsampled_search  # pylint: disable=g-import-not-at-top
   task = dataclasses.replace(_task(_head_only), extrapolate=keep_hparams)
-  result = subsampled_search(_config(task), {"learning_rate": [0.3, 1.0]}, digits, q=0.5, variant=1,
-                             repetitions=acc.Fixed(2), key=jax.random.key(3), devices=two_devices,
+  result = subsampled_search(_config(task), {"learning_rate": [0.3, 1.0]}, digits,
+                             subset=SubsetTuning(0.5, 1), distribution=acc.Fixed(2),
+                             key=jax.random.key(3),
+                             run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)),
                              initial_params=pretrained)
   for got, want in zip(jax.tree.leaves(result.params["params"]["backbone"]),
                        jax.tree.leaves(pretrained["params"]["backbone"])):

@@ -15,6 +15,7 @@ import jaxdp
 from jaxdp import accounting as acc
 from jaxdp.train import (CONFIG_FIELDS, EPSILON_METHOD, ExecutionConfig, NotPrivateWarning, TrainConfig,
                          epsilon, presets, program, train_candidate)
+from jaxdp.train import loop_spec
 
 # One task object per class count: a Task compares by identity, so sharing it
 # lets tests share compiled programs.
@@ -71,11 +72,11 @@ def test_full_batch_without_noise_is_exact_gradient_descent():
   with pytest.warns(NotPrivateWarning):
     cfg = _cfg(sampling_prob=1.0, noise_multiplier=0.0, l2_clip_norm=1e6, steps=3,
                learning_rate=0.3, weight_decay=0.01)
-  spec = program.LoopSpec.from_config(cfg, data)
+  spec = loop_spec.LoopSpec.from_config(cfg, data)
   assert spec.traced_names == ("learning_rate", "weight_decay")
   params0 = program.init_params(spec, jax.random.key(0), data.train)
   out = jax.jit(program.build_train_loop(spec))(params0, cfg.plan(data.num_examples),
-                                                program.traced_hparams(spec, cfg), jax.random.key(1),
+                                                loop_spec.traced_hparams(spec, cfg), jax.random.key(1),
                                                 data.train)
   module = spec.model()
 
@@ -110,7 +111,7 @@ def test_vmapped_inner_loop_equals_separate_runs():
   data = _tiny_dataset()
   # C and sigma are leaves of the DpSgdPlan; learning rate and weight decay traced hparams.
   cfg = _cfg(steps=5, weight_decay=0.0)
-  spec = program.LoopSpec.from_config(cfg, data)
+  spec = loop_spec.LoopSpec.from_config(cfg, data)
   params = program.init_params(spec, jax.random.key(0), data.train)
   plan = dataclasses.replace(cfg.plan(data.num_examples), l2_clip_norm=jnp.array([0.5, 2.0]),
                              noise_multiplier=jnp.array([0.5, 2.0]))

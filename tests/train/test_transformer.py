@@ -18,7 +18,9 @@ from jaxdp import accounting as acc
 from jaxdp.data import DataSplit, Dataset
 from jaxdp.models import SelfAttention, TransformerClassifier, lora
 from jaxdp.train import LoopSpec, Task, TrainConfig, program
-from jaxdp.train.ghost import ghost_layers
+from jaxdp.train import loop_spec
+from jaxdp.train.ghost_analysis import ghost_layers
+from jaxdp.tuning import LocalTrainer, RunConfig
 from tests.train.test_ghost import _assert_same, _classifier_loss
 
 VOCAB = 7
@@ -199,7 +201,7 @@ def test_the_dry_run_names_every_parameter_with_lora_in_attention():
   data = _data()
   config = TrainConfig(task=_lora_task(), l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.25,
                        steps=3, hparams=dict(learning_rate=0.05))
-  paths = program.clipping_paths(LoopSpec.from_config(config, data), data.train)
+  paths = loop_spec.clipping_paths(LoopSpec.from_config(config, data), data.train)
   params = jax.eval_shape(_small(lora_rank=2).init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
   assert len(paths) == len(jax.tree.leaves(params))  # every parameter, trainable or not
   by_path = {param: (path, why) for param, path, why in paths}
@@ -218,7 +220,7 @@ def test_auto_clips_a_large_vocabulary_by_its_ghost_norm_and_a_small_table_per_e
                        l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.25, steps=2,
                        hparams=dict(learning_rate=0.05))
   by_path = {param: (path, why) for param, path, why in
-             program.clipping_paths(LoopSpec.from_config(config, data), data.train)}
+             loop_spec.clipping_paths(LoopSpec.from_config(config, data), data.train)}
   # T^2 = 64 pairs of tokens against 1,000 rows: the ghost norm; 8 positions: the gradient.
   assert by_path["params/tokens/embedding"] == ("ghost", "Embed 'tokens'")
   assert by_path["params/positions/embedding"][0] == "per-example"
@@ -234,7 +236,7 @@ def test_the_dry_run_says_why_a_kernel_with_a_frozen_bias_is_per_example():
   config = TrainConfig(task=task, l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.25, steps=1,
                        hparams=dict(learning_rate=0.05))
   by_path = {param: (path, why) for param, path, why in
-             program.clipping_paths(LoopSpec.from_config(config, data), data.train)}
+             loop_spec.clipping_paths(LoopSpec.from_config(config, data), data.train)}
   assert by_path["params/head/bias"] == ("frozen", "Task.trainable leaves it out")
   assert by_path["params/head/kernel"] == (
       "per-example", "Dense 'head': some of its parameters are not leaves of params (not trained, ['bias'])")
@@ -248,13 +250,14 @@ def test_the_per_example_working_set_does_not_grow_with_the_vocabulary():
     data = _data()
     config = TrainConfig(task=task, l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.25, steps=1,
                          hparams=dict(learning_rate=0.05))
-    sizes.append(program.per_example_bytes(LoopSpec.from_config(config, data), data.train))
+    sizes.append(loop_spec.per_example_bytes(LoopSpec.from_config(config, data), data.train))
   assert sizes[0] == sizes[1]
   vmap = Task(model=TransformerClassifier(vocab_size=8000, max_length=8, width=16, num_heads=2, depth=1),
               loss=_loss, optimizer=_adam, clipping="vmap")
   config = TrainConfig(task=vmap, l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.25, steps=1,
                        hparams=dict(learning_rate=0.05))
-  assert program.per_example_bytes(LoopSpec.from_config(config, _data()), _data().train) > 8000 * 16 * 4
+  assert loop_spec.per_example_bytes(LoopSpec.from_config(config, _data()),
+                                     _data().train) > 8000 * 16 * 4
 
 
 @pytest.mark.slow  # a private random search of a LoRA-in-attention transformer: about 20 s
@@ -264,8 +267,9 @@ def test_a_private_search_over_the_learning_rate_with_lora_in_attention(two_devi
   config = TrainConfig(task=_lora_task(), l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.125,
                        steps=20, hparams=dict(learning_rate=0.05))
   public = _public(data)
-  result = random_search(config, {"learning_rate": [0.003, 0.03, 0.3]}, data, repetitions=acc.Fixed(3),
-                         key=jax.random.key(4), initial_params=public, devices=two_devices)
+  result = random_search(config, {"learning_rate": [0.003, 0.03, 0.3]}, data, distribution=acc.Fixed(3),
+                         key=jax.random.key(4), initial_params=public,
+                         run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)))
   assert result.hyperparameters["learning_rate"] in (0.003, 0.03, 0.3)
   assert result.epsilon == pytest.approx(
       acc.epsilon(acc.RepeatAndSelect(config.dp_event(data.num_examples), acc.Fixed(3)), 1e-5))

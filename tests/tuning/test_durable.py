@@ -14,10 +14,11 @@ import jaxdp
 from jaxdp import accounting as acc
 from jaxdp.audit import attacks, audit_search
 from jaxdp.data import Dataset
-from jaxdp.sweep import PoolLockedError, ResultPool, engine
+from jaxdp.sweep import PoolLockedError, RayTrainer, ResultPool, engine
 from jaxdp.sweep import SearchMismatchError
-from jaxdp.sweep.plan import data_fingerprint
-from jaxdp.tuning import random_search, subsampled_search, threshold_search
+from jaxdp.sweep.records import data_fingerprint
+from jaxdp.tuning import (LocalTrainer, random_search, RunConfig, subsampled_search, SubsetTuning,
+                          threshold_search)
 
 GRID = {"learning_rate": [0.3, 1.0, 3.0]}
 REPS = acc.Poisson(mean=4)
@@ -29,12 +30,12 @@ class Crash(RuntimeError):
 
 def crash_after(chunks: int, counter: list):
   """A trainer that trains chunk by chunk (one candidate each) and dies after `chunks` of them."""
-  def trainer(candidates, data, *, on_chunk=None, **kwargs):
+  def trainer(candidates, plan, *, on_chunk=None, **kwargs):
     results = []
     for cand in candidates:
       if len(counter) >= chunks:
         raise Crash(f"killed after {chunks} chunk(s)")
-      res = engine.train_candidates([cand], data, on_chunk=on_chunk, **kwargs)
+      res = LocalTrainer()([cand], plan, on_chunk=on_chunk, **kwargs)
       counter.append(cand.id)
       results += res
     return results
@@ -42,13 +43,13 @@ def crash_after(chunks: int, counter: list):
 
 
 def counting(counter: list):
-  def trainer(candidates, data, **kwargs):
+  def trainer(candidates, plan, **kwargs):
     counter.extend(c.id for c in candidates)
-    return engine.train_candidates(candidates, data, **kwargs)
+    return LocalTrainer()(candidates, plan, **kwargs)
   return trainer
 
 
-def refusing(candidates, data, **kwargs):
+def refusing(candidates, plan, **kwargs):
   raise AssertionError(f"trained {len(candidates)} candidate(s): the rerun should have been refused")
 
 
@@ -63,8 +64,9 @@ def assert_same_release(a, b):
     assert np.asarray(x).dtype == np.asarray(y).dtype
 
 
-def _search(base_config, digits, two_devices, **kw):
-  kwargs = dict(repetitions=REPS, key=jax.random.key(4), devices=two_devices)
+def _search(base_config, digits, two_devices, run_dir=None, trainer=None, **kw):
+  trainer = LocalTrainer(devices=two_devices) if trainer is None else trainer
+  kwargs = dict(distribution=REPS, key=jax.random.key(4), run_config=RunConfig(run_dir, trainer))
   kwargs.update(kw)
   return random_search(base_config, GRID, digits, **kwargs)
 
@@ -96,13 +98,13 @@ def test_a_crashed_random_search_resumes_to_the_uninterrupted_release(uninterrup
 
 def _drawn(base_config, digits):
   from jaxdp.sweep import SearchSpace  # pylint: disable=g-import-not-at-top
-  from jaxdp.tuning.search import draw_search  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning.draws import draw_search  # pylint: disable=g-import-not-at-top
   return draw_search(SearchSpace(base_config, GRID), REPS, jax.random.key(4))
 
 
 @pytest.mark.parametrize("change,why", [
     (dict(key=jax.random.key(6)), "key"),
-    (dict(repetitions=acc.Poisson(mean=5)), "accounted"),
+    (dict(distribution=acc.Poisson(mean=5)), "accounted"),
     (dict(grid={"learning_rate": [0.3, 1.0]}), "points"),
     (dict(config=dict(noise_multiplier=1.5)), "configs"),
     (dict(data="one value changed"), "data"),
@@ -110,11 +112,11 @@ def _drawn(base_config, digits):
 ], ids=["key", "law-of-K", "grid", "config", "data", "jaxdp-version"])
 def test_another_draw_on_the_same_run_dir_is_refused_before_training(change, why, digits, base_config,
                                                                      two_devices, tmp_path, monkeypatch):
-  _search(base_config, digits, two_devices, run_dir=tmp_path, repetitions=acc.Poisson(mean=1))
-  kwargs = dict(repetitions=acc.Poisson(mean=1), key=jax.random.key(4), devices=two_devices,
-                run_dir=tmp_path, trainer=refusing)
+  _search(base_config, digits, two_devices, run_dir=tmp_path, distribution=acc.Poisson(mean=1))
+  kwargs = dict(distribution=acc.Poisson(mean=1), key=jax.random.key(4),
+                run_config=RunConfig(run_dir=tmp_path, trainer=refusing))
   config, grid, data = base_config, GRID, digits
-  if "key" in change or "repetitions" in change:
+  if "key" in change or "distribution" in change:
     kwargs.update(change)
   if "grid" in change:
     grid = change["grid"]
@@ -160,23 +162,24 @@ def test_a_run_dir_locked_by_a_live_writer_or_not_writable_is_refused(digits, ba
 
 @pytest.mark.parametrize("bad,match", [
     (dict(run_dir=3), "run_dir must be None or a directory path"),
-    (dict(trainer="ray"), "trainer must be None or a callable"),
+    (dict(trainer="ray"), "trainer must be None, a jaxdp.sweep.LocalTrainer or RayTrainer"),
 ])
 def test_bad_run_dir_or_trainer(bad, match, digits, base_config, two_devices, no_work):
   with pytest.raises(ValueError, match=match):
-    _search(base_config, digits, two_devices, **bad)
+    _search(base_config, digits, two_devices, run_config=RunConfig(**bad))
 
 
 @pytest.mark.slow  # three searches of up to 4 candidates: `make test-slow` (CI) runs it
 def test_threshold_search_resumes_at_its_candidate_index(digits, base_config, two_devices, tmp_path):
-  kwargs = dict(threshold=0.99, stop_prob=0.2, max_candidates=4, key=jax.random.key(3), devices=two_devices)
+  kwargs = dict(threshold=0.99, distribution=acc.CappedGeometric(0.2, 4), key=jax.random.key(3))
   whole = threshold_search(base_config, GRID, digits, **kwargs)
   assert whole.unreleased.num_candidates >= 3
   first = []
   with pytest.raises(Crash):
-    threshold_search(base_config, GRID, digits, run_dir=tmp_path, trainer=crash_after(2, first), **kwargs)
+    threshold_search(base_config, GRID, digits, run_config=RunConfig(tmp_path, crash_after(2, first)),
+                     **kwargs)
   second = []
-  resumed = threshold_search(base_config, GRID, digits, run_dir=tmp_path, trainer=counting(second),
+  resumed = threshold_search(base_config, GRID, digits, run_config=RunConfig(tmp_path, counting(second)),
                              **kwargs)
   assert len(first) == 2 and not set(second) & set(first)
   assert_same_release(resumed, whole)
@@ -185,15 +188,19 @@ def test_threshold_search_resumes_at_its_candidate_index(digits, base_config, tw
 @pytest.mark.slow  # three subset searches and final runs: `make test-slow` (CI) runs it
 def test_subsampled_search_resumes_and_keeps_its_final_model(digits, base_config, two_devices, tmp_path,
                                                              monkeypatch):
-  kwargs = dict(q=0.3, variant=1, repetitions=acc.Poisson(mean=2), key=jax.random.key(3), devices=two_devices)
-  whole = subsampled_search(base_config, GRID, digits, **kwargs)
-  durable_run = subsampled_search(base_config, GRID, digits, run_dir=tmp_path, **kwargs)
+  kwargs = dict(subset=SubsetTuning(0.3, 1), distribution=acc.Poisson(mean=2), key=jax.random.key(3))
+  whole = subsampled_search(base_config, GRID, digits,
+                            run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)),
+                            **kwargs)
+  durable_run = subsampled_search(base_config, GRID, digits, run_config=RunConfig(run_dir=tmp_path),
+                                  **kwargs)
   for x, y in zip(jax.tree.leaves(whole.params), jax.tree.leaves(durable_run.params)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   # A rerun trains nothing: the tuning candidates and the final model are read back.
   from jaxdp.tuning import subsampled  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(subsampled, "run_planned", refusing)
-  again = subsampled_search(base_config, GRID, digits, run_dir=tmp_path, trainer=refusing, **kwargs)
+  again = subsampled_search(base_config, GRID, digits, run_config=RunConfig(tmp_path, refusing),
+                            **kwargs)
   assert again.tuned_hyperparameters == whole.tuned_hyperparameters
   assert again.score == whole.score and again.epsilon == whole.epsilon
   # Every distinct tuning candidate and the final run were read back; the first run read none.
@@ -205,10 +212,12 @@ def test_subsampled_search_resumes_and_keeps_its_final_model(digits, base_config
 @pytest.mark.slow  # two audits of 60 trials per side: `make test-slow` (CI) runs it
 def test_audit_search_resumes_without_training_again(tmp_path):
   gadget = attacks.selection_gadget(noise_multiplier=0.5)
-  kwargs = dict(repetitions=acc.Poisson(mean=2), statistic=gadget.statistic, trials=60, key=jax.random.key(0))
-  first = audit_search(gadget.config, gadget.grid, gadget.without, gadget.with_, run_dir=tmp_path, **kwargs)
-  again = audit_search(gadget.config, gadget.grid, gadget.without, gadget.with_, run_dir=tmp_path,
-                       trainer=refusing, **kwargs)
+  kwargs = dict(distribution=acc.Poisson(mean=2), statistic=gadget.statistic, trials=60,
+                key=jax.random.key(0))
+  first = audit_search(gadget.config, gadget.grid, gadget.without, gadget.with_,
+                       run_config=RunConfig(run_dir=tmp_path), **kwargs)
+  again = audit_search(gadget.config, gadget.grid, gadget.without, gadget.with_,
+                       run_config=RunConfig(run_dir=tmp_path, trainer=refusing), **kwargs)
   np.testing.assert_array_equal(first.statistics_without, again.statistics_without)
   np.testing.assert_array_equal(first.statistics_with, again.statistics_with)
   assert sorted(os.listdir(tmp_path)) == ["D", "D_prime"]
@@ -229,30 +238,25 @@ def test_the_fingerprint_reads_the_data_not_its_name(digits):
 
 
 def test_ray_not_installed_is_one_clear_error_before_training(digits, base_config, tmp_path, monkeypatch):
-  from jaxdp.sweep.ray_backend import train_candidates_ray  # pylint: disable=g-import-not-at-top
   monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
   with pytest.raises(ValueError, match=r"the Ray backend needs Ray: pip install 'jaxdp\[ray\]'"):
-    random_search(base_config, GRID, digits, repetitions=REPS, key=jax.random.key(4), run_dir=tmp_path,
-                  trainer=train_candidates_ray)
+    random_search(base_config, GRID, digits, distribution=REPS, key=jax.random.key(4),
+                  run_config=RunConfig(run_dir=tmp_path, trainer=RayTrainer()))
   assert not (tmp_path / "results.jsonl").exists()  # nothing trained
 
 
-def test_ray_backend_refuses_this_process_devices(digits, base_config, two_devices):
-  pytest.importorskip("ray")
-  from jaxdp.sweep.ray_backend import train_candidates_ray  # pylint: disable=g-import-not-at-top
+def test_ray_trainer_refuses_this_process_devices(two_devices):
   with pytest.raises(ValueError, match="a Ray task does not have"):
-    random_search(base_config, GRID, digits, repetitions=REPS, key=jax.random.key(4),
-                  trainer=train_candidates_ray, devices=two_devices)
+    RayTrainer(local=LocalTrainer(devices=two_devices))
 
 
 def test_an_unreachable_ray_address_is_one_clear_error_before_training(digits, base_config, tmp_path):
   ray = pytest.importorskip("ray")
-  from jaxdp.sweep.ray_backend import train_candidates_ray  # pylint: disable=g-import-not-at-top
   assert not ray.is_initialized()  # `address` is read only when Ray is not initialised
-  trainer = functools.partial(train_candidates_ray, address="127.0.0.1:9")  # the discard port
+  trainer = RayTrainer(address="127.0.0.1:9")  # the discard port
   with pytest.raises(ValueError, match=r"cannot reach Ray at address='127.0.0.1:9' \(Connection refused\)"):
-    random_search(base_config, GRID, digits, repetitions=REPS, key=jax.random.key(4), run_dir=tmp_path,
-                  trainer=trainer)
+    random_search(base_config, GRID, digits, distribution=REPS, key=jax.random.key(4),
+                  run_config=RunConfig(run_dir=tmp_path, trainer=trainer))
   assert not (tmp_path / "results.jsonl").exists()
   with pytest.raises(ValueError, match=r"address must be None, 'auto', 'local' or 'host:port'"):
-    train_candidates_ray([], digits, address="nowhere")
+    RayTrainer(address="nowhere")

@@ -3,7 +3,7 @@
 `examples/dp_logistic_regression.py` is DP-SGD logistic regression in plain
 NumPy; here it is tuned by `random_search` / `threshold_search` / `dry_run`
 through the protocol `train_fn(hparams, seed) -> (score, artifact)`,
-`dp_event(hparams) -> DpEvent`. Every epsilon is compared with the one built
+`dp_event_fn(hparams) -> DpEvent`, as a `TrainFunction`. Every epsilon is compared with the one built
 by hand from the same events in the same process, so exactly.
 """
 
@@ -21,8 +21,8 @@ from jaxdp import accounting as acc
 from jaxdp.sweep import SearchMismatchError, artifacts
 from jaxdp.sweep.functions import FunctionPlan, TrainFunctionError, call_seed
 from jaxdp.train import NotPrivateWarning
-from jaxdp.tuning import TunedFunctionResult, dry_run, random_search, threshold_search
-from jaxdp.tuning import search as search_lib
+from jaxdp.tuning import (LocalTrainer, RunConfig, TrainFunction, TunedResult, draws, dry_run,
+                          random_search, threshold_search)
 
 GRID = dict(ex.GRID, noise_multiplier=[4.0])  # every candidate's event: dpsgd_event(0.1, 4.0, 200)
 K = acc.Poisson(mean=5)
@@ -42,15 +42,16 @@ class Counted:
 
 def _k(key, grid=GRID, law=K):
   """K of the search with `key`, drawn apart from the search (the same draw)."""
-  return len(search_lib.draw_search(FunctionPlan.build(ex.train_fn, grid, ex.dp_event), law, key))
+  return len(draws.draw_search(FunctionPlan.build(TrainFunction(ex.train_fn, ex.dp_event), grid), law,
+                               key))
 
 
 def test_example_end_to_end_calls_k_times_accounts_by_hand_and_resumes(tmp_path):
   key = jax.random.key(1)
   train = Counted()
-  result = random_search(train, GRID, repetitions=K, key=key, dp_event=ex.dp_event,
-                         run_dir=str(tmp_path))
-  assert isinstance(result, TunedFunctionResult)
+  result = random_search(TrainFunction(train, ex.dp_event), GRID, distribution=K, key=key,
+                         run_config=RunConfig(run_dir=str(tmp_path)))
+  assert isinstance(result, TunedResult) and result.config is None
   k = _k(key)
   assert k >= 2 and result.unreleased.num_candidates == k
   assert len(set(train.seeds)) == len(train.seeds) == k  # distinct candidates here, each called once
@@ -63,31 +64,31 @@ def test_example_end_to_end_calls_k_times_accounts_by_hand_and_resumes(tmp_path)
                                     "sampling_prob": 0.1, "steps": 200, "noise_multiplier": 4.0}
   again = ex.train_fn(result.hyperparameters, result.unreleased.seed)
   assert result.score == again[0] and math.isfinite(result.score)
-  np.testing.assert_array_equal(result.artifact["w"], again[1]["w"])
+  np.testing.assert_array_equal(result.params["w"], again[1]["w"])
   assert result.unreleased.resumed == 0
   # A rerun on the same run_dir calls the function 0 times and releases the same.
   rerun = Counted()
-  second = random_search(rerun, GRID, repetitions=K, key=key, dp_event=ex.dp_event,
-                         run_dir=str(tmp_path))
+  second = random_search(TrainFunction(rerun, ex.dp_event), GRID, distribution=K, key=key,
+                         run_config=RunConfig(run_dir=str(tmp_path)))
   assert rerun.seeds == []
   assert (second.hyperparameters, second.score, second.unreleased.seed, second.epsilon) == \
       (result.hyperparameters, result.score, result.unreleased.seed, result.epsilon)
-  np.testing.assert_array_equal(second.artifact["w"], result.artifact["w"])
-  assert type(second.artifact["b"]) is type(result.artifact["b"])  # pylint: disable=unidiomatic-typecheck
+  np.testing.assert_array_equal(second.params["w"], result.params["w"])
+  assert type(second.params["b"]) is type(result.params["b"])  # pylint: disable=unidiomatic-typecheck
   assert second.unreleased.resumed == k
   # Another key on that run_dir is another draw: refused before anything is called.
   other = Counted()
   with pytest.raises(SearchMismatchError, match="key"):
-    random_search(other, GRID, repetitions=K, key=jax.random.key(2), dp_event=ex.dp_event,
-                  run_dir=str(tmp_path))
+    random_search(TrainFunction(other, ex.dp_event), GRID, distribution=K, key=jax.random.key(2),
+                  run_config=RunConfig(run_dir=str(tmp_path)))
   assert other.seeds == []
 
 
 def test_without_run_dir_the_same_key_gives_the_same_seeds_and_release():
   key = jax.random.key(3)
   first, second = Counted(), Counted()
-  a = random_search(first, GRID, repetitions=K, key=key, dp_event=ex.dp_event)
-  b = random_search(second, GRID, repetitions=K, key=key, dp_event=ex.dp_event)
+  a = random_search(TrainFunction(first, ex.dp_event), GRID, distribution=K, key=key)
+  b = random_search(TrainFunction(second, ex.dp_event), GRID, distribution=K, key=key)
   assert first.seeds == second.seeds and len(first.seeds) == a.unreleased.num_candidates == _k(key)
   assert (a.hyperparameters, a.score, a.unreleased.seed) == (b.hyperparameters, b.score, b.unreleased.seed)
   assert all(0 <= s < 2**63 for s in first.seeds)
@@ -95,15 +96,16 @@ def test_without_run_dir_the_same_key_gives_the_same_seeds_and_release():
 
 def test_a_grid_of_several_events_is_accounted_as_uniform_candidates():
   grid = dict(GRID, steps=[100, 200])
-  result = random_search(ex.train_fn, grid, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event)
+  result = random_search(TrainFunction(ex.train_fn, ex.dp_event), grid, distribution=K,
+                         key=jax.random.key(0))
   events = [acc.dpsgd_event(0.1, 4.0, 100), acc.dpsgd_event(0.1, 4.0, 200)]
   assert result.epsilon == acc.epsilon(acc.RepeatAndSelect(acc.UniformCandidates(events), K), 1e-5)
 
 
 def test_target_epsilon_calibrates_the_declared_noise_through_dp_event():
   train = Counted()
-  result = random_search(train, ex.GRID, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event,
-                         target_epsilon=2.0, noise_parameter="noise_multiplier")
+  result = random_search(TrainFunction(train, ex.dp_event, noise_parameter="noise_multiplier"), ex.GRID,
+                         distribution=K, key=jax.random.key(0), target_epsilon=2.0)
   sigma = result.noise_multiplier
   assert result.hyperparameters["noise_multiplier"] == sigma
   by_hand = acc.RepeatAndSelect(acc.dpsgd_event(0.1, sigma, 200), K)
@@ -113,7 +115,7 @@ def test_target_epsilon_calibrates_the_declared_noise_through_dp_event():
 
 
 def test_dry_run_accounts_the_same_and_never_calls_the_function(no_work):
-  report = dry_run(ex.train_fn, GRID, repetitions=K, dp_event=ex.dp_event)
+  report = dry_run(TrainFunction(ex.train_fn, ex.dp_event), GRID, distribution=K)
   assert report.epsilon == acc.epsilon(acc.RepeatAndSelect(EVENT, K), 1e-5)
   assert report.groups == () and report.expected_steps is None
   text = str(report)
@@ -122,8 +124,9 @@ def test_dry_run_accounts_the_same_and_never_calls_the_function(no_work):
 
 def test_threshold_search_releases_the_first_candidate_that_reaches_it():
   train = Counted()
-  result = threshold_search(train, GRID, threshold=0.9, stop_prob=0.5, key=jax.random.key(0),
-                            dp_event=ex.dp_event)
+  result = threshold_search(TrainFunction(train, ex.dp_event), GRID, threshold=0.9,
+                            distribution=acc.Geometric(gamma=0.5), key=jax.random.key(0),
+                            )
   assert result.epsilon == acc.epsilon(acc.ThresholdSelect(EVENT, 0.5, None), 1e-5)
   assert result.unreleased.num_candidates == len(train.seeds) and result.score >= 0.9
   assert result.unreleased.seed == train.seeds[-1]
@@ -136,18 +139,20 @@ def test_a_non_finite_score_counts_as_the_worst(bad):
     return (bad if hparams["learning_rate"] == 3.0 else 0.5 + hparams["learning_rate"] / 10), None
   grid = {"learning_rate": [0.3, 1.0, 3.0], "noise_multiplier": [4.0], "l2_clip_norm": [1.0],
           "sampling_prob": [0.1], "steps": [200]}
-  result = random_search(train, grid, repetitions=acc.Poisson(mean=20), key=jax.random.key(0),
-                         dp_event=ex.dp_event, release_all_scores=False)
+  result = random_search(TrainFunction(train, ex.dp_event), grid, distribution=acc.Poisson(mean=20),
+                         key=jax.random.key(0))
   assert result.hyperparameters["learning_rate"] == 1.0 and result.score == 0.6
-  only_bad = threshold_search(lambda hp, seed: (bad, None), grid, threshold=-1e300, stop_prob=1.0,
-                              key=jax.random.key(0), dp_event=ex.dp_event)
+  only_bad = threshold_search(TrainFunction(lambda hp, seed: (bad, None), ex.dp_event), grid,
+                              threshold=-1e300, distribution=acc.Fixed(1),
+                              key=jax.random.key(0))
   assert only_bad.hyperparameters is None and math.isnan(only_bad.score)
 
 
 @pytest.mark.parametrize("score", [np.float32(0.25), np.array(0.25), jax.numpy.asarray(0.25), 1])
 def test_scores_may_be_numpy_or_jax_scalars(score):
-  result = random_search(lambda hp, seed: (score, None), GRID, repetitions=acc.Fixed(2),
-                         key=jax.random.key(0), dp_event=ex.dp_event)
+  result = random_search(TrainFunction(lambda hp, seed: (score, None), ex.dp_event), GRID,
+                         distribution=acc.Fixed(2),
+                         key=jax.random.key(0))
   assert result.score == float(score) and type(result.score) is float  # pylint: disable=unidiomatic-typecheck
 
 
@@ -155,48 +160,64 @@ def test_scores_may_be_numpy_or_jax_scalars(score):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(dp_event=lambda hp: "not an event"), r"dp_event must return a dp_accounting.DpEvent .*str"),
-    (dict(dp_event=None), "dp_event is required"),
-    (dict(dp_event="event"), "dp_event must be a callable"),
-    (dict(dp_event=lambda hp: dpa.UnsupportedDpEvent()), "cannot account UnsupportedDpEvent"),
-    (dict(dp_event=lambda hp, box=[]: box.append(0) or dpa.GaussianDpEvent(len(box))),
+    (dict(dp_event_fn=lambda hp: "not an event"),
+     r"dp_event_fn must return a dp_accounting.DpEvent .*str"),
+    (dict(dp_event_fn=lambda hp: dpa.UnsupportedDpEvent()), "cannot account UnsupportedDpEvent"),
+    (dict(dp_event_fn=lambda hp, box=[]: box.append(0) or dpa.GaussianDpEvent(len(box))),
      "two different events"),
     (dict(grid={"learning_rate": -1.0}), r"search_space\['learning_rate'\] must be a non-empty sequence"),
     (dict(grid={}), "search_space must be a non-empty mapping"),
     (dict(grid=dict(GRID, learning_rate=[1.0, -1.0])), "learning_rate must be a number in"),
-    (dict(data=object()), "data must be None when tuning a training function"),
+    (dict(data=object()), "data must be None when tuning a TrainFunction"),
     (dict(initial_params={"w": 1}), "initial_params must be None"),
-    (dict(devices=jax.devices()), "options of jaxdp's training engine"),
-    (dict(target_epsilon=1.0), "target_epsilon needs noise_parameter"),
-    (dict(noise_parameter="noise_multiplier"), "only used with target_epsilon"),
+    (dict(run_config=RunConfig(trainer=LocalTrainer(devices=jax.devices()))),
+     "options of jaxdp's training engine"),
+    (dict(target_epsilon=1.0), r"target_epsilon needs TrainFunction\(noise_parameter=...\)"),
     (dict(target_epsilon=1.0, noise_parameter="noise_multiplier"),
      "target_epsilon sets 'noise_multiplier' for the whole search: remove it"),
     (dict(target_epsilon=1.0, noise_parameter="sigma"), "does not read noise_parameter='sigma'"),
-    (dict(grid=ex.GRID), r"dp_event raised KeyError for hyperparameters \{'learning_rate': 0.3"),
+    (dict(grid=ex.GRID), r"dp_event_fn raised KeyError for hyperparameters \{'learning_rate': 0.3"),
     (dict(grid=ex.GRID, target_epsilon=1e-3, noise_parameter="noise_multiplier"),
      "target_epsilon=0.001 is out of reach for this search: even noise_multiplier=1000.0"),
-    (dict(grid={"sigma": [float("nan"), 0.5]}, dp_event=lambda hp: dpa.GaussianDpEvent(hp["sigma"])),
+    (dict(grid={"sigma": [float("nan"), 0.5]}, dp_event_fn=lambda hp: dpa.GaussianDpEvent(hp["sigma"])),
      r"noise_multiplier is NaN"),
-    (dict(grid={"sigma": [0.0]}, dp_event=lambda hp: dpa.LaplaceDpEvent(hp["sigma"])),
+    (dict(grid={"sigma": [0.0]}, dp_event_fn=lambda hp: dpa.LaplaceDpEvent(hp["sigma"])),
      "the search's events cannot be accounted"),
     (dict(grid={"size": [(64, 64), [64, 64]]}), "are the same candidate"),
     (dict(grid={"activation": [np.tanh]}), "must be JSON values"),
     (dict(key=0), "key"),
-    (dict(repetitions=5), "repetitions must be"),
-    (dict(run_dir=3), "run_dir must be None or a directory path"),
+    (dict(distribution=5), "distribution must be"),
 ])
 def test_bad_arguments_fail_before_anything_is_drawn_or_called(no_work, kwargs, match):
-  args = dict(grid=GRID, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event)
+  function = {k: kwargs.pop(k) for k in ("dp_event_fn", "noise_parameter") if k in kwargs}
+  args = dict(grid=GRID, distribution=K, key=jax.random.key(0))
   args.update(kwargs)
   grid = args.pop("grid")
   with pytest.raises(ValueError, match=match):
-    random_search(ex.train_fn, grid, **args)
+    random_search(TrainFunction(ex.train_fn, **{"dp_event_fn": ex.dp_event, **function}), grid,
+                  **args)
 
 
-def test_a_config_path_refuses_the_function_arguments(no_work, digits, base_config):
-  with pytest.raises(ValueError, match="dp_event is for a training function"):
-    random_search(base_config, {"learning_rate": [1.0]}, digits, repetitions=K, key=jax.random.key(0),
-                  dp_event=ex.dp_event)
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(dp_event_fn=None), "dp_event_fn must be a callable"),
+    (dict(dp_event_fn="event"), "dp_event_fn must be a callable"),
+    (dict(train_fn=3), "train_fn must be a callable"),
+    (dict(noise_parameter=""), "noise_parameter must be None or the name of a hyperparameter"),
+])
+def test_a_train_function_is_checked_when_built(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    TrainFunction(**{"train_fn": ex.train_fn, "dp_event_fn": ex.dp_event, **kwargs})
+
+
+def test_a_run_config_is_checked_when_built():
+  with pytest.raises(ValueError, match="run_dir must be None or a directory path"):
+    RunConfig(run_dir=3)
+
+
+def test_a_train_function_is_not_a_config(no_work, digits):
+  with pytest.raises(ValueError, match="the trainable must be a TrainConfig, a SearchSpace or a "
+                                       "jaxdp.tuning.TrainFunction, got function"):
+    random_search(ex.train_fn, GRID, digits, distribution=K, key=jax.random.key(0))
 
 
 @pytest.mark.parametrize("returned, match", [
@@ -216,7 +237,7 @@ def test_a_bad_return_fails_at_the_first_call_naming_the_candidate(returned, mat
     calls.append(seed)
     return returned
   with pytest.raises(ValueError, match=match) as err:
-    random_search(train, GRID, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event)
+    random_search(TrainFunction(train, ex.dp_event), GRID, distribution=K, key=jax.random.key(0))
   # The seed is the call's noise: never in a message that a log may keep (issue 42).
   assert len(calls) == 1 and "hyperparameters {" in str(err.value) and str(calls[0]) not in str(err.value)
 
@@ -230,8 +251,9 @@ def test_a_value_only_train_fn_rejects_stops_the_search_at_its_first_candidate(t
       raise ValueError(f"learning_rate={hparams['learning_rate']} diverges in my trainer")
     return ex.train_fn(hparams, seed)
   with pytest.raises(TrainFunctionError, match=r"raised ValueError for hyperparameters \{.*'learning_rate': 3.0") as err:
-    random_search(train, GRID, repetitions=acc.Poisson(mean=30), key=jax.random.key(0),
-                  dp_event=ex.dp_event, run_dir=str(tmp_path))
+    random_search(TrainFunction(train, ex.dp_event), GRID, distribution=acc.Poisson(mean=30),
+                  key=jax.random.key(0),
+                  run_config=RunConfig(run_dir=str(tmp_path)))
   assert isinstance(err.value.__cause__, ValueError)
   assert calls[-1] == 3.0 and calls.count(3.0) == 1  # nothing after it was called
   with open(tmp_path / "results.jsonl") as f:  # the ones before it are stored
@@ -353,12 +375,12 @@ def test_a_function_holding_what_cannot_be_read_is_never_resumed(tmp_path):
 
   def train(hparams, seed):
     return float(next(iter([1.0]))) + 0 * len(str(gen)), None
-  args = dict(repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event, run_dir=str(tmp_path))
+  args = dict(distribution=K, key=jax.random.key(0), run_config=RunConfig(run_dir=str(tmp_path)))
   with pytest.warns(UserWarning, match="can never be resumed"):
-    random_search(train, GRID, **args)
+    random_search(TrainFunction(train, ex.dp_event), GRID, **args)
   with pytest.warns(UserWarning, match="can never be resumed"), \
       pytest.raises(SearchMismatchError, match=r"train_fn: differs"):  # a new nonce each call
-    random_search(train, GRID, **args)
+    random_search(TrainFunction(train, ex.dp_event), GRID, **args)
 
 
 def test_an_unpicklable_artifact_is_refused_clearly():
@@ -372,9 +394,9 @@ def test_a_pickled_artifact_survives_a_resume_and_a_damaged_file_is_retrained(tm
   def train(hparams, seed):
     seeds.append(seed)
     return ex.train_fn(hparams, seed)[0], Model(np.full(2, seed % 1000, np.float64))
-  first = random_search(train, GRID, repetitions=K, key=jax.random.key(4), dp_event=ex.dp_event,
-                        run_dir=str(tmp_path))
-  assert first.artifact == Model(np.full(2, first.unreleased.seed % 1000, np.float64))
+  first = random_search(TrainFunction(train, ex.dp_event), GRID, distribution=K, key=jax.random.key(4),
+                        run_config=RunConfig(run_dir=str(tmp_path)))
+  assert first.params == Model(np.full(2, first.unreleased.seed % 1000, np.float64))
   for name in os.listdir(tmp_path / "params"):  # every artifact file damaged
     path = tmp_path / "params" / name
     data = bytearray(path.read_bytes())
@@ -382,30 +404,31 @@ def test_a_pickled_artifact_survives_a_resume_and_a_damaged_file_is_retrained(tm
     path.write_bytes(bytes(data))
   del seeds[:]
   with pytest.warns(UserWarning, match="moved to"):
-    second = random_search(train, GRID, repetitions=K, key=jax.random.key(4), dp_event=ex.dp_event,
-                           run_dir=str(tmp_path))
+    second = random_search(TrainFunction(train, ex.dp_event), GRID, distribution=K,
+                           key=jax.random.key(4), run_config=RunConfig(run_dir=str(tmp_path)))
   assert len(seeds) == len(set(seeds)) == first.unreleased.num_candidates  # each retrained once
-  assert (second.artifact, second.score, second.unreleased.seed) == (first.artifact, first.score, first.unreleased.seed)
+  assert (second.params, second.score, second.unreleased.seed) == (first.params, first.score,
+                                                                   first.unreleased.seed)
 
 
 def test_run_dir_refuses_another_function_or_event(tmp_path):
-  random_search(ex.train_fn, GRID, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event,
-                run_dir=str(tmp_path))
+  random_search(TrainFunction(ex.train_fn, ex.dp_event), GRID, distribution=K, key=jax.random.key(0),
+                run_config=RunConfig(run_dir=str(tmp_path)))
 
   def other_train(hparams, seed):  # another function: another mechanism
     return ex.train_fn(hparams, seed)
   with pytest.raises(SearchMismatchError, match="train_fn"):
-    random_search(other_train, GRID, repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event,
-                  run_dir=str(tmp_path))
+    random_search(TrainFunction(other_train, ex.dp_event), GRID, distribution=K, key=jax.random.key(0),
+                  run_config=RunConfig(run_dir=str(tmp_path)))
   # The same functions, one grid point's event changed (a noise the function now reads).
   def other_event(hparams):
     return acc.dpsgd_event(0.1, 5.0, 200)
-  with pytest.raises(SearchMismatchError, match="dp_event"):
-    random_search(ex.train_fn, GRID, repetitions=K, key=jax.random.key(0), dp_event=other_event,
-                  run_dir=str(tmp_path))
-  with pytest.raises(SearchMismatchError, match="dp_event"):  # the dry run refuses it too
-    dry_run(ex.train_fn, GRID, repetitions=K, key=jax.random.key(0), dp_event=other_event,
-            run_dir=str(tmp_path))
+  with pytest.raises(SearchMismatchError, match="dp_event_fn"):
+    random_search(TrainFunction(ex.train_fn, other_event), GRID, distribution=K, key=jax.random.key(0),
+                  run_config=RunConfig(run_dir=str(tmp_path)))
+  with pytest.raises(SearchMismatchError, match="dp_event_fn"):  # the dry run refuses it too
+    dry_run(TrainFunction(ex.train_fn, other_event), GRID, distribution=K, key=jax.random.key(0),
+            run_config=RunConfig(run_dir=str(tmp_path)))
 
 
 def test_run_dir_refuses_other_data_a_function_holds(tmp_path):
@@ -416,24 +439,25 @@ def test_run_dir_refuses_other_data_a_function_holds(tmp_path):
   def train_on(hparams, seed, data):
     return float(data.sum()) + ex.train_fn(hparams, seed)[0], None
   data = np.arange(4.0)
-  args = dict(repetitions=K, key=jax.random.key(0), dp_event=ex.dp_event, run_dir=str(tmp_path))
-  random_search(functools.partial(train_on, data=data), GRID, **args)
+  args = dict(distribution=K, key=jax.random.key(0), run_config=RunConfig(run_dir=str(tmp_path)))
+  fn = lambda train: TrainFunction(train, ex.dp_event)
+  random_search(fn(functools.partial(train_on, data=data)), GRID, **args)
   again = functools.partial(train_on, data=data.copy())  # equal data: the same search, resumed
-  assert random_search(again, GRID, **args).unreleased.resumed > 0
+  assert random_search(fn(again), GRID, **args).unreleased.resumed > 0
   other = data.copy()
   other[0] = -1.0
   with pytest.raises(SearchMismatchError, match="train_fn"):
-    random_search(functools.partial(train_on, data=other), GRID, **args)
+    random_search(fn(functools.partial(train_on, data=other)), GRID, **args)
 
   def closure_over(values):
     def train(hparams, seed):
       return float(values.sum()), None
     return train
-  closure_args = dict(args, run_dir=str(tmp_path / "closure"))
-  random_search(closure_over(data), GRID, **closure_args)
-  assert random_search(closure_over(data.copy()), GRID, **closure_args).unreleased.resumed > 0
+  closure_args = dict(args, run_config=RunConfig(run_dir=str(tmp_path / "closure")))
+  random_search(fn(closure_over(data)), GRID, **closure_args)
+  assert random_search(fn(closure_over(data.copy())), GRID, **closure_args).unreleased.resumed > 0
   with pytest.raises(SearchMismatchError, match="train_fn"):
-    random_search(closure_over(other), GRID, **closure_args)
+    random_search(fn(closure_over(other)), GRID, **closure_args)
 
 
 @pytest.mark.slow  # three fresh interpreters importing JAX: about 8 s
@@ -457,15 +481,16 @@ def test_a_functions_identity_is_the_same_in_another_process():
 
 def test_a_non_private_event_warns():
   with pytest.warns(NotPrivateWarning, match="epsilon = inf"):
-    result = random_search(lambda hp, seed: (1.0, None), {"a": [1]}, repetitions=K,
-                           key=jax.random.key(0), dp_event=lambda hp: dpa.NonPrivateDpEvent())
+    result = random_search(TrainFunction(lambda hp, seed: (1.0, None),
+                                         lambda hp: dpa.NonPrivateDpEvent()), {"a": [1]}, distribution=K,
+                           key=jax.random.key(0))
   assert result.epsilon == math.inf
 
 
 def test_call_seeds_are_63_bits_hashed_from_the_candidates_keys():
   import hashlib  # pylint: disable=g-import-not-at-top
-  plan = FunctionPlan.build(ex.train_fn, GRID, ex.dp_event)
-  cands = search_lib.draw_search(plan, acc.Poisson(mean=50), jax.random.key(0))
+  plan = FunctionPlan.build(TrainFunction(ex.train_fn, ex.dp_event), GRID)
+  cands = draws.draw_search(plan, acc.Poisson(mean=50), jax.random.key(0))
   seeds = [call_seed(c) for c in cands]
   # sha256("threefry2x32" + the key's two words, big-endian), its 63 leading bits.
   assert seeds == [int.from_bytes(hashlib.sha256(b"threefry2x32" + np.asarray(
@@ -485,8 +510,8 @@ def test_a_function_that_mutates_its_hyperparameters_changes_nothing_recorded_or
     hparams["sizes"][0] *= 2  # in place, inside a value
     return hparams["l2_clip_norm"], None
   grid = dict(GRID, sizes=[[4, 4]])
-  result = random_search(train, grid, repetitions=acc.Poisson(mean=10), key=jax.random.key(0),
-                         dp_event=ex.dp_event)
+  result = random_search(TrainFunction(train, ex.dp_event), grid, distribution=acc.Poisson(mean=10),
+                         key=jax.random.key(0))
   assert len(seen) > 2 and all(s["learning_rate"] in GRID["learning_rate"] and "extra" not in s
                                and s["sizes"] == [4, 4] for s in seen)
   assert result.hyperparameters["learning_rate"] in GRID["learning_rate"]
@@ -504,9 +529,11 @@ def test_a_reused_buffer_releases_the_selected_candidates_values(durable, tmp_pa
     calls.append(hparams["lr"])
     buffer[:] = [hparams["lr"], len(calls)]
     return -abs(hparams["lr"] - 0.1), buffer
-  result = random_search(train, {"lr": [0.1, 0.5, 0.9]}, repetitions=acc.Fixed(6),
-                         key=jax.random.key(3), dp_event=lambda hp: dpa.GaussianDpEvent(5.0),
-                         run_dir=str(tmp_path) if durable else None)
+  result = random_search(TrainFunction(train, lambda hp: dpa.GaussianDpEvent(5.0)), {"lr": [0.1, 0.5,
+                                                                                            0.9]},
+                                                                                            distribution=acc.Fixed(6),
+                         key=jax.random.key(3),
+                         run_config=RunConfig(run_dir=str(tmp_path) if durable else None))
   chosen = calls.index(0.1) + 1
-  assert result.hyperparameters == {"lr": 0.1} and result.artifact.tolist() == [0.1, chosen]
-  assert result.artifact is not buffer
+  assert result.hyperparameters == {"lr": 0.1} and result.params.tolist() == [0.1, chosen]
+  assert result.params is not buffer

@@ -11,10 +11,12 @@ from scipy import stats
 
 from jaxdp import accounting as acc
 from jaxdp.data import Dataset
-from jaxdp.sweep import SearchSpace
+from jaxdp.sweep import SearchSpace, build_plan
+from jaxdp.sweep.plan import candidate_event
 from jaxdp.train import NoisyMean, program, trainer
 from jaxdp.train.sampling import default_padded_batch_size
-from jaxdp.tuning import dry_run, planning, random_search, subsampled_search, threshold_search
+from jaxdp.tuning import (dry_run, LocalTrainer, random_search, RunConfig,
+                          subsampled_search, SubsetTuning, threshold_search)
 
 from tests.conftest import SEARCH_GRID
 from tests.tuning.conftest import USER_N, make_user_task, user_correct
@@ -48,7 +50,7 @@ def _events(config, grid):
 
 def test_privacy_changing_grid_is_accounted_as_uniform_candidates(no_work, user_config, user_data):
   grid = {"noise_multiplier": [0.8, 2.0], "batch_size": [10, 20], "l2_clip_norm": [0.5, 1.0], **LR}
-  plan = dry_run(user_config, grid, user_data, repetitions=REPS)
+  plan = dry_run(user_config, grid, user_data, distribution=REPS)
   event = plan.event
   assert isinstance(event, acc.RepeatAndSelect) and event.distribution == REPS
   assert isinstance(event.base, acc.UniformCandidates)
@@ -60,14 +62,15 @@ def test_privacy_changing_grid_is_accounted_as_uniform_candidates(no_work, user_
   assert len(distinct) == 4 and list(event.base.candidates) == distinct
   assert plan.epsilon == acc.epsilon(acc.RepeatAndSelect(acc.UniformCandidates(distinct), REPS), DELTA, "best")
   # A grid that changes no candidate's privacy keeps the plain event.
-  plain = dry_run(user_config, {"l2_clip_norm": [0.5, 1.0], **LR}, user_data, repetitions=REPS).event
+  plain = dry_run(user_config, {"l2_clip_norm": [0.5, 1.0], **LR}, user_data, distribution=REPS).event
   assert plain == acc.RepeatAndSelect(user_config.dp_event(USER_N), REPS)
 
 
 def test_random_search_accounts_uniform_candidates_with_no_candidate_trained(user_config, user_data):
   # K = 0 for this key (nothing trains), yet the event is the grid's.
   grid = {"noise_multiplier": [0.8, 2.0], **LR}
-  res = random_search(user_config, grid, user_data, repetitions=acc.Poisson(mean=1e-9), key=jax.random.key(0))
+  res = random_search(user_config, grid, user_data, distribution=acc.Poisson(mean=1e-9),
+                      key=jax.random.key(0))
   assert res.unreleased.num_candidates == 0 and res.hyperparameters is None
   assert res.event.base == acc.UniformCandidates([user_config.replace(noise_multiplier=s).dp_event(USER_N)
                                                   for s in (0.8, 2.0)])
@@ -78,7 +81,7 @@ def test_random_search_accounts_uniform_candidates_with_no_candidate_trained(use
 
 
 def test_public_score_is_reported_as_public(no_work, user_config, user_data):
-  plan = dry_run(user_config, LR, user_data, repetitions=REPS)
+  plan = dry_run(user_config, LR, user_data, distribution=REPS)
   assert plan.score_source == PUBLIC and "score: public test split (not accounted)" in str(plan)
   assert plan.event.base == user_config.dp_event(USER_N)  # nothing composed for a public score
 
@@ -87,15 +90,15 @@ def test_dp_score_event_is_composed_into_each_candidate(no_work, user_config, dp
   # The candidate events a search accounts (no accounting here: a selection over a
   # composed event takes the "best" accountant ~20 s; the search below pays it once).
   score_event = dp_accounting.GaussianDpEvent(SCORE_SIGMA)
-  one = planning.candidate_event(SearchSpace(dp_config, LR), USER_N)
+  one = candidate_event(build_plan(dp_config, LR, user_data))
   assert one == dp_accounting.ComposedDpEvent([user_config.dp_event(USER_N), score_event])
   # With candidates that differ in privacy, each candidate carries exactly one score event.
-  varied = planning.candidate_event(SearchSpace(dp_config, {"noise_multiplier": [0.8, 2.0]}), USER_N)
+  varied = candidate_event(build_plan(dp_config, {"noise_multiplier": [0.8, 2.0]}, user_data))
   assert isinstance(varied, acc.UniformCandidates)
   assert list(varied.candidates) == [
       dp_accounting.ComposedDpEvent([user_config.replace(noise_multiplier=s).dp_event(USER_N), score_event])
       for s in (0.8, 2.0)]
-  assert planning.candidate_event(SearchSpace(user_config, LR), USER_N) == user_config.dp_event(USER_N)
+  assert candidate_event(build_plan(user_config, LR, user_data)) == user_config.dp_event(USER_N)
 
 
 def test_dp_score_reads_the_private_validation_split(dp_config, dp_task, user_config, user_data):
@@ -121,8 +124,9 @@ def test_dp_score_reads_the_private_validation_split(dp_config, dp_task, user_co
 @pytest.mark.slow  # a whole search (7 s); CI's slow set runs it, so make test stays under 5 min
 def test_random_search_with_a_dp_score(dp_config, user_config, user_data, two_devices):
   reps = acc.Poisson(mean=2)
-  res = random_search(dp_config, LR, user_data, repetitions=reps, key=jax.random.key(4),
-                      devices=two_devices, max_candidates_per_device=1)
+  res = random_search(dp_config, LR, user_data, distribution=reps, key=jax.random.key(4),
+                      run_config=RunConfig(trainer=LocalTrainer(devices=two_devices,
+                                                                max_candidates_per_device=1)))
   assert res.unreleased.num_candidates >= 1 and res.hyperparameters is not None
   assert res.score_source == PRIVATE
   assert 0.3 < res.score < 1.2  # an accuracy plus Gaussian noise of std 2 * 0.5 / 100
@@ -136,12 +140,14 @@ def test_random_search_with_a_dp_score(dp_config, user_config, user_data, two_de
 def _tune(tuner, config, grid, data, **kw):
   key = jax.random.key(0)
   if tuner is random_search:
-    return random_search(config, grid, data, repetitions=REPS, key=key, **kw)
+    return random_search(config, grid, data, distribution=REPS, key=key, **kw)
   if tuner is threshold_search:
-    return threshold_search(config, grid, data, threshold=0.5, stop_prob=0.5, key=key, **kw)
+    return threshold_search(config, grid, data, threshold=0.5, distribution=acc.Geometric(gamma=0.5),
+                            key=key, **kw)
   if tuner is dry_run:
-    return dry_run(config, grid, data, repetitions=REPS, **kw)
-  return subsampled_search(config, grid, data, q=0.5, variant=1, repetitions=REPS, key=key, **kw)
+    return dry_run(config, grid, data, distribution=REPS, **kw)
+  return subsampled_search(config, grid, data, subset=SubsetTuning(0.5, 1), distribution=REPS, key=key,
+                           **kw)
 
 
 TUNERS = [random_search, threshold_search, dry_run, subsampled_search]
@@ -193,7 +199,7 @@ def test_unreachable_target_raises_before_any_work(no_work, tuner, user_config, 
 
 @pytest.fixture(scope="module")
 def calibrated_plan(user_config, user_data):
-  return dry_run(user_config, {"batch_size": [10, 20], **LR}, user_data, repetitions=REPS,
+  return dry_run(user_config, {"batch_size": [10, 20], **LR}, user_data, distribution=REPS,
                  target_epsilon=TARGET)
 
 
@@ -213,8 +219,10 @@ def test_target_epsilon_calibrates_sigma(calibrated_plan, user_config):
 @pytest.mark.slow  # a whole search (7 s); CI's slow set runs it, so make test stays under 5 min
 def test_random_search_meets_the_target(calibrated_plan, user_config, user_data, two_devices):
   grid = {"batch_size": [10, 20], **LR}
-  res = random_search(user_config, grid, user_data, repetitions=REPS, key=jax.random.key(1),
-                      target_epsilon=TARGET, devices=two_devices, max_candidates_per_device=1)
+  res = random_search(user_config, grid, user_data, distribution=REPS, key=jax.random.key(1),
+                      target_epsilon=TARGET,
+                      run_config=RunConfig(trainer=LocalTrainer(devices=two_devices,
+                                                                max_candidates_per_device=1)))
   assert res.noise_multiplier == calibrated_plan.noise_multiplier
   assert acc.epsilon(res.event, DELTA, "best") <= TARGET
   assert res.epsilon == calibrated_plan.epsilon and res.event == calibrated_plan.event
@@ -223,8 +231,11 @@ def test_random_search_meets_the_target(calibrated_plan, user_config, user_data,
 
 def test_threshold_search_meets_the_target(user_config, user_data, two_devices):
   # Liu-Talwar selection has no RDP theorem: the calibration must not need one.
-  res = threshold_search(user_config, LR, user_data, threshold=0.0, stop_prob=0.5, key=jax.random.key(1),
-                         target_epsilon=TARGET, devices=two_devices, max_candidates_per_device=1)
+  res = threshold_search(user_config, LR, user_data, threshold=0.0,
+                         distribution=acc.Geometric(gamma=0.5), key=jax.random.key(1),
+                         target_epsilon=TARGET,
+                         run_config=RunConfig(trainer=LocalTrainer(devices=two_devices,
+                                                                   max_candidates_per_device=1)))
   sigma = res.noise_multiplier
   assert res.event == acc.ThresholdSelect(user_config.replace(noise_multiplier=sigma).dp_event(USER_N), 0.5)
   assert 0.99 * TARGET <= res.epsilon == acc.epsilon(res.event, DELTA, "best") <= TARGET
@@ -236,14 +247,14 @@ def test_threshold_search_meets_the_target(user_config, user_data, two_devices):
 
 def test_dry_run_epsilon_equals_random_searchs(no_work, tiny_random_search, digits, base_config):
   searched, _ = tiny_random_search  # tests/conftest.py: same arguments, really trained
-  plan = dry_run(base_config, SEARCH_GRID, digits, repetitions=acc.Poisson(mean=4))
+  plan = dry_run(base_config, SEARCH_GRID, digits, distribution=acc.Poisson(mean=4))
   assert plan.epsilon == searched.epsilon and plan.event == searched.event
   assert plan.score_source == searched.score_source == PUBLIC
 
 
 def test_dry_run_groups_and_compute(no_work, user_config, user_data):
   grid = {"width": [4, 8], "batch_size": [10, 20], "epochs": [1, 2], "learning_rate": [0.02, 0.1, 0.5]}
-  plan = dry_run(user_config, grid, user_data, repetitions=REPS)
+  plan = dry_run(user_config, grid, user_data, distribution=REPS)
   groups = plan.groups
   assert len(groups) == 8 and all(g.grid_points == 3 for g in groups)
   seen = set()
@@ -279,10 +290,12 @@ def test_dry_run_groups_and_compute(no_work, user_config, user_data):
 def test_dry_run_names_the_forced_clipping_path(no_work, user_config, user_data):
   import dataclasses  # pylint: disable=g-import-not-at-top
   vmap = user_config.replace(task=dataclasses.replace(user_config.task, clipping="vmap"))
-  assert {(path, why) for _, path, why in dry_run(vmap, LR, user_data, repetitions=REPS).groups[0].clipping} == {
+  assert {(path, why) for _, path, why in dry_run(vmap, LR, user_data,
+                                                  distribution=REPS).groups[0].clipping} == {
       ("per-example", "Task(clipping='vmap')")}
   ghost = user_config.replace(task=dataclasses.replace(user_config.task, clipping="ghost"))
-  assert [path for _, path, _ in dry_run(ghost, LR, user_data, repetitions=REPS).groups[0].clipping] == [
+  assert [path for _, path, _ in dry_run(ghost, LR, user_data,
+                                         distribution=REPS).groups[0].clipping] == [
       "ghost"] * 4
 
 

@@ -21,16 +21,18 @@ from scipy import stats
 
 from examples import dp_logistic_regression as ex
 from jaxdp import accounting as acc
-from jaxdp.sweep import SearchMismatchError
+from jaxdp.sweep import SearchMismatchError, build_plan
 from jaxdp.sweep.functions import call_seed
 from jaxdp.sweep.space import SearchSpace
-from jaxdp.tuning import load_release, random_search, search, threshold_search
-from jaxdp.tuning.results import TunedFunctionResult, TunedResult, Unreleased
+from jaxdp.tuning import (draws, load_release, LocalTrainer, random_search, RunConfig,
+                          threshold_search, TrainFunction)
+from jaxdp.tuning.results import TunedResult, Unreleased
 from tests.accounting.exact_selection import (best_of_k, gaussian_bins, hockey_stick,
                                               pairs_both_ways, randomized_response)
 
 GRID = {"learning_rate": [0.3, 1.0, 3.0], "l2_clip_norm": [0.5, 2.0], "sampling_prob": [0.1],
         "steps": [50], "noise_multiplier": [4.0]}
+FUNCTION = TrainFunction(ex.train_fn, ex.dp_event)
 UNRELEASED = ("num_candidates", "resumed", "resumed_steps", "all_scores", "seed", "auto_static",
               "subset_mask", "gradient_evaluations", "unreleased")
 
@@ -113,21 +115,16 @@ def test_the_pair_k_and_best_is_accounted_above_its_exact_divergence(method):
     assert acc.delta(rr, eps, method=method) >= exact > 0
 
 
-def test_a_search_that_releases_k_accounts_for_it(tmp_path):
+def test_publishing_k_is_accounted_from_the_result_by_the_pair_event():
+  """The recipe the result's docstring gives: K published beside the release costs
+  `acc.SelectionWithCount(result.event)`, far more than the hidden-K epsilon it reports."""
   law = acc.Poisson(mean=3)
-  args = dict(repetitions=law, key=jax.random.key(2), dp_event=ex.dp_event)
-  counted = random_search(ex.train_fn, GRID, release_num_candidates=True,
-                          run_dir=str(tmp_path), **args)
-  hidden = random_search(ex.train_fn, GRID, **args)
-  assert counted.num_candidates == counted.unreleased.num_candidates == hidden.unreleased.num_candidates
-  assert hidden.num_candidates is None and counted.to_json()["num_candidates"] == counted.num_candidates
-  assert counted.hyperparameters == hidden.hyperparameters  # the same draw, accounted otherwise
-  # Every grid point has one event: C and the learning rate do not change a run's privacy.
+  res = random_search(FUNCTION, GRID, distribution=law, key=jax.random.key(2))
   event = acc.RepeatAndSelect(ex.dp_event({k: v[0] for k, v in GRID.items()}), law)
-  assert counted.event == acc.SelectionWithCount(event) and hidden.event == event
-  assert counted.epsilon == acc.epsilon(acc.SelectionWithCount(event), 1e-5) > hidden.epsilon
-  with pytest.raises(SearchMismatchError, match="release_num_candidates"):
-    random_search(ex.train_fn, GRID, run_dir=str(tmp_path), **args)  # another release
+  assert res.event == event  # every grid point has one event: C does not change a run's privacy
+  pair = acc.epsilon(acc.SelectionWithCount(res.event), res.delta)
+  assert pair == acc.epsilon(acc.SelectionWithCount(event), 1e-5) > res.epsilon
+  assert res.unreleased.num_candidates >= 1 and "num_candidates" not in res.to_json()
 
 
 # --- The boundary of every result type ------------------------------------------------------
@@ -137,13 +134,12 @@ def test_a_search_that_releases_k_accounts_for_it(tmp_path):
 def function_search(tmp_path_factory):
   """A durable function search run twice (the second resumes), with progress bars."""
   run_dir = str(tmp_path_factory.mktemp("run"))
-  args = dict(repetitions=acc.Poisson(mean=6), key=jax.random.key(11), dp_event=ex.dp_event,
-              run_dir=run_dir, progress=True)
-  first = random_search(ex.train_fn, GRID, **args)
-  second = random_search(ex.train_fn, GRID, **args)
-  cands = search.draw_search(search.prepare(
-      ex.train_fn, GRID, None, delta=1e-5, target_epsilon=None, dp_event=ex.dp_event,
-      outer=lambda e: e).space, acc.Poisson(mean=6), jax.random.key(11))
+  args = dict(distribution=acc.Poisson(mean=6), key=jax.random.key(11),
+              run_config=RunConfig(run_dir=run_dir, trainer=LocalTrainer(progress=True)))
+  first = random_search(FUNCTION, GRID, **args)
+  second = random_search(FUNCTION, GRID, **args)
+  cands = draws.draw_search(build_plan(FUNCTION, GRID, None), acc.Poisson(mean=6),
+                            jax.random.key(11))
   return first, second, cands
 
 
@@ -162,16 +158,12 @@ def test_a_function_results_repr_json_and_pickle_hold_the_release_only(function_
   assert first.unreleased.num_candidates == len(cands) >= 3 and first.unreleased.seed is not None
   shown = repr(first) + str(first) + json.dumps(first.to_json())
   for name in UNRELEASED:
-    if name == "num_candidates":  # released as None: K only where it is accounted
-      assert "num_candidates=None" in shown and '"num_candidates": null' in shown
-      continue
     assert f"{name}=" not in shown and f'"{name}"' not in shown, name
   for secret in _secrets(cands, first):
     assert secret not in shown
   assert set(first.to_json()) == {"format", "kind", "jaxdp", "hyperparameters", "score", "epsilon",
                                   "delta", "accounting_method", "score_source", "noise_multiplier",
-                                  "num_candidates", "event", "event_description"}
-  assert first.num_candidates is None and first.to_json()["num_candidates"] is None
+                                  "config", "event", "event_description"}
   # A pickled result is its release; copies keep everything.
   blob = pickle.dumps(first)
   for secret in _secrets(cands, first):
@@ -181,11 +173,11 @@ def test_a_function_results_repr_json_and_pickle_hold_the_release_only(function_
   assert copy.deepcopy(first).unreleased.seed == copy.copy(first).unreleased.seed == first.unreleased.seed
   # Not a field: asdict (a common way to log a dataclass) holds the release only.
   assert set(dataclasses.asdict(first)) == {f.name for f in dataclasses.fields(first)} == {
-      "hyperparameters", "artifact", "score", "epsilon", "delta", "event", "accounting_method",
-      "score_source", "noise_multiplier", "num_candidates"}
+      "hyperparameters", "config", "params", "score", "epsilon", "delta", "event",
+      "accounting_method", "score_source", "noise_multiplier"}
   # The unreleased part names its fields, never their values.
   assert repr(first.unreleased) == ("Unreleased(<not covered by epsilon, not for publication: "
-                                    "num_candidates, resumed, seed>)")
+                                    "num_candidates, resumed, all_scores, seed>)")
 
 
 def test_a_saved_release_is_the_release_and_loads_back(function_search, tmp_path):
@@ -196,12 +188,12 @@ def test_a_saved_release_is_the_release_and_loads_back(function_search, tmp_path
   for secret in _secrets(cands, first):
     assert secret.encode() not in written
   description = json.load(open(os.path.join(path, "release.json")))
-  assert set(UNRELEASED) & set(description) == {"num_candidates"} and description["num_candidates"] is None
+  assert not set(UNRELEASED) & set(description)
   loaded = load_release(path)
-  assert loaded.kind == "TunedFunctionResult" and loaded.hyperparameters == first.hyperparameters
+  assert loaded.kind == "TunedResult" and loaded.hyperparameters == first.hyperparameters
   assert (loaded.score, loaded.epsilon, loaded.delta) == (first.score, first.epsilon, first.delta)
   assert loaded.event == repr(first.event) and loaded.details["noise_multiplier"] is None
-  assert all(np.array_equal(loaded.model[k], first.artifact[k]) for k in first.artifact)
+  assert all(np.array_equal(loaded.params[k], first.params[k]) for k in first.params)
   with pytest.raises(ValueError, match="exists and is not an empty directory"):
     first.save(path)  # never overwritten
   with pytest.raises(ValueError, match="holds no readable jaxdp release"):
@@ -212,13 +204,14 @@ def test_progress_and_resume_lines_name_no_count_id_or_seed(function_search, tmp
   first, second, cands = function_search
   assert second.unreleased.resumed == len({c.id for c in cands}) and second.score == first.score
   run_dir = str(tmp_path / "again")
-  args = dict(repetitions=acc.Poisson(mean=6), key=jax.random.key(11), dp_event=ex.dp_event,
-              run_dir=run_dir, progress=True)
+  args = dict(distribution=acc.Poisson(mean=6), key=jax.random.key(11),
+              run_config=RunConfig(run_dir=run_dir, trainer=LocalTrainer(progress=True)))
   capfd.readouterr()
-  random_search(ex.train_fn, GRID, **args)
-  random_search(ex.train_fn, GRID, **args)
-  threshold_search(ex.train_fn, GRID, threshold=0.99, stop_prob=0.2, key=jax.random.key(1),
-                   dp_event=ex.dp_event, progress=True)
+  random_search(FUNCTION, GRID, **args)
+  random_search(FUNCTION, GRID, **args)
+  threshold_search(TrainFunction(ex.train_fn, ex.dp_event), GRID, threshold=0.99,
+                   distribution=acc.Geometric(gamma=0.2), key=jax.random.key(1),
+                   run_config=RunConfig(trainer=LocalTrainer(progress=True)))
   err = capfd.readouterr().err
   assert "resumed an earlier run of this search (read back candidates it had stored" in err
   assert not re.search(r"\d+/\d+", err)  # no "3/7" anywhere
@@ -231,13 +224,13 @@ def test_a_task_results_release_and_save(tiny_random_search, tmp_path):
   result, _ = tiny_random_search
   assert isinstance(result, TunedResult) and isinstance(result.unreleased, Unreleased)
   shown = repr(result)
-  assert ", params=" not in shown and "unreleased" not in shown and "num_candidates=None)" in shown
+  assert ", params=" not in shown and "unreleased" not in shown and "num_candidates" not in shown
   path = result.save(str(tmp_path / "release"))
   loaded = load_release(path)
   assert loaded.kind == "TunedResult" and loaded.hyperparameters == result.hyperparameters
   assert loaded.details["config"]["hparams"]["learning_rate"] == result.config.hparams["learning_rate"]
-  assert jax.tree.structure(loaded.model) == jax.tree.structure(result.params)
-  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(loaded.model),
+  assert jax.tree.structure(loaded.params) == jax.tree.structure(result.params)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(loaded.params),
                                                   jax.tree.leaves(result.params)))
 
 
@@ -256,11 +249,11 @@ def test_a_subsampled_results_mask_and_k_stay_unreleased(tiny_subsampled, tmp_pa
 
 
 def test_nothing_released_saves_and_loads_as_nothing(tmp_path):
-  res = random_search(ex.train_fn, GRID, repetitions=acc.Poisson(mean=1e-9), key=jax.random.key(0),
-                      dp_event=ex.dp_event)
-  assert isinstance(res, TunedFunctionResult) and res.unreleased.num_candidates == 0
+  res = random_search(TrainFunction(ex.train_fn, ex.dp_event), GRID,
+                      distribution=acc.Poisson(mean=1e-9), key=jax.random.key(0))
+  assert isinstance(res, TunedResult) and res.unreleased.num_candidates == 0
   loaded = load_release(res.save(str(tmp_path / "none")))
-  assert loaded.hyperparameters is None and loaded.model is None and math.isnan(loaded.score)
+  assert loaded.hyperparameters is None and loaded.params is None and math.isnan(loaded.score)
 
 
 # --- Every candidate's key is the search key's ----------------------------------------------
@@ -273,7 +266,7 @@ def test_a_candidates_key_is_split_from_the_search_key_with_all_its_bits(base_co
   31-bit seed between them."""
   space = SearchSpace(base_config, {"learning_rate": [0.1, 0.5, 1.0]})
   key = jax.random.key(7, impl=impl)
-  cands = search.draw_search(space, acc.Fixed(40), key)
+  cands = draws.draw_search(space, acc.Fixed(40), key)
   _, draw_key = jax.random.split(key)
   pick_key, keys_key = jax.random.split(draw_key)
   want = np.asarray(jax.random.key_data(jax.random.split(keys_key, 40)))
@@ -284,7 +277,7 @@ def test_a_candidates_key_is_split_from_the_search_key_with_all_its_bits(base_co
   assert words.max() >= 2**31  # the high bits are used, not a 31-bit seed's range
   # A search key that differs in one bit only draws other keys for every candidate.
   other = jax.random.wrap_key_data(np.asarray(jax.random.key_data(key)) ^ np.uint32(1), impl=impl)
-  others = search.draw_search(space, acc.Fixed(40), other)
+  others = draws.draw_search(space, acc.Fixed(40), other)
   assert not {c.key_data for c in cands} & {c.key_data for c in others}
 
 
@@ -299,14 +292,14 @@ def test_a_run_dir_mismatch_names_no_key_bit_nor_a_value_the_function_reads(tmp_
 
   def train(hparams, seed):
     return secret[0] * 0.0 + 0.5, None
-  args = dict(repetitions=acc.Fixed(1), dp_event=ex.dp_event, run_dir=str(tmp_path))
-  random_search(train, GRID, key=key, **args)
+  args = dict(distribution=acc.Fixed(1), run_config=RunConfig(run_dir=str(tmp_path)))
+  random_search(TrainFunction(train, ex.dp_event), GRID, key=key, **args)
   with pytest.raises(SearchMismatchError) as err:
-    random_search(train, GRID, key=jax.random.key(1), **args)
+    random_search(TrainFunction(train, ex.dp_event), GRID, key=jax.random.key(1), **args)
   assert "123456789" not in str(err.value) and "987654321" not in str(err.value)
   secret[0] = 99999.0  # what train reads changed: refused, without either value in the message
   with pytest.raises(SearchMismatchError, match="train_fn") as err:
-    random_search(train, GRID, key=key, **args)
+    random_search(TrainFunction(train, ex.dp_event), GRID, key=key, **args)
   assert "120500" not in str(err.value) and "99999" not in str(err.value)
   manifest = open(os.path.join(tmp_path, "manifest.json")).read()
   assert "120500" not in manifest and "123456789" not in manifest
@@ -315,16 +308,18 @@ def test_a_run_dir_mismatch_names_no_key_bit_nor_a_value_the_function_reads(tmp_
 def test_a_task_search_trains_with_an_rbg_key(base_config, digits, two_devices):
   """Candidate keys take the search key's implementation: the engine's state holds rbg's
   four-word keys (it assumed threefry's two, and failed exactly when K >= 1)."""
-  res = random_search(base_config, {"learning_rate": [1.0]}, digits, repetitions=acc.Fixed(1),
-                      key=jax.random.key(0, impl="rbg"), devices=two_devices[:1])
+  res = random_search(base_config, {"learning_rate": [1.0]}, digits, distribution=acc.Fixed(1),
+                      key=jax.random.key(0, impl="rbg"),
+                      run_config=RunConfig(trainer=LocalTrainer(devices=two_devices[:1])))
   assert res.hyperparameters == {"learning_rate": 1.0} and math.isfinite(res.score)
 
 
 def test_on_chunk_warns_that_it_sees_the_whole_search():
   seen = []
   with pytest.warns(UserWarning, match="on_chunk receives every trained candidate"):
-    random_search(ex.train_fn, GRID, repetitions=acc.Fixed(2), key=jax.random.key(0),
-                  dp_event=ex.dp_event, on_chunk=seen.extend)
+    random_search(TrainFunction(ex.train_fn, ex.dp_event), GRID, distribution=acc.Fixed(2),
+                  key=jax.random.key(0),
+                  run_config=RunConfig(trainer=LocalTrainer(on_chunk=seen.extend)))
   assert len(seen) == 2 and "seed" not in repr(seen[0][1])  # a result's repr holds no seed
 
 

@@ -8,15 +8,17 @@ import pytest
 
 from jaxdp import accounting as acc
 from jaxdp.sweep import SearchSpace
-from jaxdp.tuning import random_search, threshold_search
+from jaxdp.tuning import LocalTrainer, random_search, RunConfig, threshold_search
 
 GRID = {"learning_rate": [0.3, 1.0, 3.0]}  # = tests/conftest.py SEARCH_GRID
 
 
 def test_random_search_releases_only_the_selected_candidate(tiny_random_search, base_config):
   res, caught = tiny_random_search
-  assert not caught, [str(w.message) for w in caught]  # no warning unless scores are requested
-  assert res.unreleased.all_scores is None
+  assert not caught, [str(w.message) for w in caught]
+  # The other candidates' scores are kept apart from the release, never in it.
+  assert len(res.unreleased.all_scores) == res.unreleased.num_candidates
+  assert "all_scores" not in repr(res) and "all_scores" not in res.to_json()
   assert res.unreleased.num_candidates >= 1 and res.hyperparameters["learning_rate"] in GRID["learning_rate"]
   assert 0.5 < res.score <= 1.0 and res.params is not None
   assert res.config.hparams["learning_rate"] == res.hyperparameters["learning_rate"]
@@ -25,11 +27,11 @@ def test_random_search_releases_only_the_selected_candidate(tiny_random_search, 
   assert res.epsilon > acc.epsilon(base_config.dp_event(), 1e-5)
 
 
-def test_same_key_same_result_and_scores_are_opt_in(tiny_random_search, digits, base_config, two_devices):
-  a, _ = tiny_random_search  # same arguments as below, without release_all_scores
-  with pytest.warns(UserWarning, match="NOT covered"):
-    b = random_search(base_config, GRID, digits, repetitions=acc.Poisson(mean=4), key=jax.random.key(5),
-                      devices=two_devices, release_all_scores=True)
+def test_same_key_same_result_and_scores(tiny_random_search, digits, base_config, two_devices):
+  a, _ = tiny_random_search  # same arguments as below
+  b = random_search(base_config, GRID, digits, distribution=acc.Poisson(mean=4), key=jax.random.key(5),
+                    run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)))
+  assert a.unreleased.all_scores == b.unreleased.all_scores
   assert a.hyperparameters == b.hyperparameters and a.score == b.score and a.unreleased.num_candidates == b.unreleased.num_candidates
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -38,26 +40,29 @@ def test_same_key_same_result_and_scores_are_opt_in(tiny_random_search, digits, 
 
 
 def test_k_zero_releases_the_default(digits, base_config):
-  res = random_search(base_config, GRID, digits, repetitions=acc.Poisson(mean=1e-9), key=jax.random.key(0))
+  res = random_search(base_config, GRID, digits, distribution=acc.Poisson(mean=1e-9),
+                      key=jax.random.key(0))
   assert res.unreleased.num_candidates == 0 and res.hyperparameters is None and res.params is None
   assert math.isnan(res.score) and res.epsilon >= 0
 
 
 def test_privacy_changing_hyperparameters_are_accounted_by_the_worst_candidate(digits, base_config):
   grid = {"noise_multiplier": [0.8, 2.0]}
-  res = random_search(base_config, grid, digits, repetitions=acc.Poisson(mean=2), key=jax.random.key(1))
+  res = random_search(base_config, grid, digits, distribution=acc.Poisson(mean=2), key=jax.random.key(1))
   weakest = base_config.replace(noise_multiplier=0.8).dp_event()
   assert res.epsilon == pytest.approx(
       acc.epsilon(acc.RepeatAndSelect(weakest, acc.Poisson(mean=2)), 1e-5, "best"), rel=1e-9)
 
 
 def test_threshold_search(digits, base_config):
-  easy = threshold_search(base_config, GRID, digits, threshold=0.0, stop_prob=0.5, key=jax.random.key(2))
+  easy = threshold_search(base_config, GRID, digits, threshold=0.0,
+                          distribution=acc.Geometric(gamma=0.5), key=jax.random.key(2))
   assert easy.unreleased.num_candidates == 1 and easy.hyperparameters is not None
-  never = threshold_search(base_config, GRID, digits, threshold=2.0, stop_prob=1.0, key=jax.random.key(2))
+  never = threshold_search(base_config, GRID, digits, threshold=2.0, distribution=acc.Fixed(1),
+                           key=jax.random.key(2))
   assert never.unreleased.num_candidates == 1 and never.hyperparameters is None
-  capped = threshold_search(base_config, GRID, digits, threshold=2.0, stop_prob=0.01, max_candidates=2,
-                            key=jax.random.key(2))
+  capped = threshold_search(base_config, GRID, digits, threshold=2.0,
+                            distribution=acc.CappedGeometric(0.01, 2), key=jax.random.key(2))
   assert capped.unreleased.num_candidates == 2 and capped.hyperparameters is None
   assert capped.epsilon == acc.epsilon(acc.ThresholdSelect(base_config.dp_event(), 0.01, 2), 1e-5)
 
@@ -73,8 +78,10 @@ COMMON_BAD = [
     ("data_none", dict(data=None), "data must be a jaxdp.data.Dataset"),
     ("data_model_mismatch", dict(config=lambda c: c.replace(model="opacus_cnn")),
      "opacus_cnn.*cannot take inputs of shape"),
-    ("config_dict", dict(config={"learning_rate": 1.0}), "config must be a TrainConfig or SearchSpace"),
-    ("space_and_grid", dict(config=lambda c: SearchSpace(c, GRID), search_space=GRID), "search_space must be None when config"),
+    ("config_dict", dict(config={"learning_rate": 1.0}),
+     "the trainable must be a TrainConfig, a SearchSpace or a jaxdp.tuning.TrainFunction"),
+    ("space_and_grid", dict(config=lambda c: SearchSpace(c, GRID), search_space=GRID),
+     "search_space must be None when the trainable is a SearchSpace"),
     ("grid_none", dict(search_space=None), "search_space must be a non-empty mapping"),
     ("grid_empty", dict(search_space={}), r"search_space must be a non-empty mapping.*got \{\}"),
     ("grid_values_empty", dict(search_space={"learning_rate": []}),
@@ -86,22 +93,33 @@ COMMON_BAD = [
     ("key_int", dict(key=0), "key must be a typed PRNG key"),
     ("key_raw_uint32", dict(key=jax.random.PRNGKey(0)), "key must be a typed PRNG key"),
     ("key_batch", dict(key=jax.random.split(jax.random.key(0), 2)), r"key must be a single PRNG key of shape \(\)"),
-    ("delta_zero", dict(delta=0.0), r"delta must be in \(0.0, 1.0\), got 0.0"),
-    ("delta_one", dict(delta=1.0), r"delta must be in \(0.0, 1.0\), got 1.0"),
-    ("delta_nan", dict(delta=float("nan")), "delta must be finite, got nan"),
-    ("delta_string", dict(delta="1e-5"), "delta must be a real number"),
-    ("release_all_scores_string", dict(release_all_scores="yes"), "release_all_scores must be a bool"),
-    ("engine_unknown_kwarg", dict(foo=1), r"unknown keyword argument\(s\) \['foo'\]"),
-    ("engine_keep_params", dict(keep_params=False), r"unknown keyword argument\(s\) \['keep_params'\]"),
-    ("engine_zero_per_device", dict(max_candidates_per_device=0), "max_candidates_per_device must be an integer in"),
-    ("engine_no_devices", dict(devices=[]), "devices must be a non-empty sequence of jax.Device"),
-    ("engine_progress_string", dict(progress="no"), "progress must be a bool"),
-    ("engine_on_chunk_not_callable", dict(on_chunk=3), "on_chunk must be a callable"),
+    ("delta_zero", dict(target_delta=0.0), r"target_delta must be in \(0.0, 1.0\), got 0.0"),
+    ("delta_one", dict(target_delta=1.0), r"target_delta must be in \(0.0, 1.0\), got 1.0"),
+    ("delta_nan", dict(target_delta=float("nan")), "target_delta must be finite, got nan"),
+    ("delta_string", dict(target_delta="1e-5"), "target_delta must be a real number"),
+    ("run_config_dict", dict(run_config={"run_dir": "x"}),
+     "run_config must be None or a jaxdp.tuning.RunConfig"),
+    # A trainer's options are checked when it is built (inside the check here), a run_config's
+    # trainer when the run_config is.
+    ("trainer_not_one", dict(run_config=lambda: RunConfig(trainer=3)),
+     "trainer must be None, a jaxdp.sweep.LocalTrainer or RayTrainer"),
+    ("engine_zero_per_device", dict(run_config=lambda: RunConfig(trainer=LocalTrainer(
+        max_candidates_per_device=0))), "max_candidates_per_device must be an integer in"),
+    ("engine_no_devices", dict(run_config=lambda: RunConfig(trainer=LocalTrainer(devices=[]))),
+     "devices must be a non-empty sequence of jax.Device"),
+    ("engine_progress_string", dict(run_config=lambda: RunConfig(trainer=LocalTrainer(progress="no"))),
+     "progress must be a bool"),
+    ("engine_on_chunk_not_callable",
+     dict(run_config=lambda: RunConfig(trainer=LocalTrainer(on_chunk=3))),
+     "on_chunk must be a callable"),
 ]
 
 RANDOM_BAD = COMMON_BAD + [
-    ("repetitions_int", dict(repetitions=10), "repetitions must be a jaxdp.accounting K distribution"),
-    ("repetitions_none", dict(repetitions=None), "repetitions must be a jaxdp.accounting K distribution"),
+    ("repetitions_int", dict(distribution=10), "distribution must be a jaxdp.accounting K distribution"),
+    ("repetitions_none", dict(distribution=None),
+     "distribution must be a jaxdp.accounting K distribution"),
+    ("mean_overflows", dict(distribution=lambda: acc.TruncatedNegativeBinomial(0.5, log_gamma=-800.0)),
+     "distribution must have a finite mean E\\[K\\], got a TruncatedNegativeBinomial"),
 ]
 
 THRESHOLD_BAD = COMMON_BAD + [
@@ -111,17 +129,33 @@ THRESHOLD_BAD = COMMON_BAD + [
     ("threshold_string", dict(threshold="0.9"), r"threshold must be a finite real number.*got '0.9'"),
     ("threshold_none", dict(threshold=None), r"threshold must be a finite real number.*got None"),
     ("threshold_bool", dict(threshold=True), r"threshold must be a finite real number.*got True"),
-    ("stop_prob_zero", dict(stop_prob=0.0), r"stop_prob must be in \(0.0, 1.0\], got 0.0"),
-    ("stop_prob_above_one", dict(stop_prob=1.5), r"stop_prob must be in \(0.0, 1.0\], got 1.5"),
-    ("stop_prob_nan", dict(stop_prob=float("nan")), "stop_prob must be finite, got nan"),
-    ("max_candidates_zero", dict(max_candidates=0), r"max_candidates must be an integer in \[1, inf\), got 0"),
-    ("max_candidates_fraction", dict(max_candidates=1.5), "max_candidates must be an integer, got 1.5"),
+    # The stop coin's law: its parameters are checked by the law itself.
+    ("stop_prob_zero", dict(distribution=lambda: acc.Geometric(gamma=0.0)),
+     r"gamma must be in \(0.0, 1.0\), got 0.0"),
+    ("stop_prob_above_one", dict(distribution=lambda: acc.CappedGeometric(1.5, 3)),
+     r"stop_prob must be in \(0.0, 1.0\), got 1.5"),
+    ("stop_prob_nan", dict(distribution=lambda: acc.Geometric(gamma=float("nan"))),
+     "gamma must be finite, got nan"),
+    ("max_candidates_zero", dict(distribution=lambda: acc.CappedGeometric(0.5, 0)),
+     r"max_k must be an integer in \[1, inf\), got 0"),
+    ("max_candidates_fraction", dict(distribution=lambda: acc.CappedGeometric(0.5, 1.5)),
+     "max_k must be an integer, got 1.5"),
+    ("distribution_poisson", dict(distribution=acc.Poisson(mean=2)),
+     "distribution must be the law of the number of candidates tried when none reaches"),
+    ("distribution_fixed_two", dict(distribution=acc.Fixed(2)),
+     "distribution must be the law of the number of candidates tried when none reaches"),
+    ("stop_prob_underflows", dict(distribution=lambda: acc.TruncatedNegativeBinomial(1.0,
+                                                                                     log_gamma=-800.0)),
+     r"distribution's stop probability must be positive, got gamma=exp\(-800.0\)"),
 ]
 
 
 def _call(tuner, digits, base_config, overrides, defaults):
   kwargs = dict(defaults)
   kwargs.update(overrides)
+  for name in ("run_config", "distribution"):  # objects whose own checks are under test: built here
+    if callable(kwargs.get(name)) and not isinstance(kwargs[name], acc.KDistribution):
+      kwargs[name] = kwargs[name]()
   config = kwargs.pop("config", base_config)
   config = config(base_config) if callable(config) else config
   data = kwargs.pop("data", digits)
@@ -133,31 +167,32 @@ def _call(tuner, digits, base_config, overrides, defaults):
 def test_random_search_rejects_bad_arguments_before_drawing_k(no_work, digits, base_config, overrides, match):
   with pytest.raises(ValueError, match=match):
     _call(random_search, digits, base_config, overrides,
-          dict(repetitions=acc.Poisson(mean=2), key=jax.random.key(0)))
+          dict(distribution=acc.Poisson(mean=2), key=jax.random.key(0)))
 
 
 @pytest.mark.parametrize("overrides,match", [c[1:] for c in THRESHOLD_BAD], ids=[c[0] for c in THRESHOLD_BAD])
 def test_threshold_search_rejects_bad_arguments_before_training(no_work, digits, base_config, overrides, match):
   with pytest.raises(ValueError, match=match):
     _call(threshold_search, digits, base_config, overrides,
-          dict(threshold=0.5, stop_prob=0.5, key=jax.random.key(0)))
+          dict(threshold=0.5, distribution=acc.Geometric(gamma=0.5), key=jax.random.key(0)))
 
 
 def test_bad_data_raises_even_when_k_is_zero(digits, base_config):
   repetitions = acc.Poisson(mean=1e-9)
   # Without the guard `no_work`: K really is 0 for this key (checked below), so
   # the search would train nothing; the bad data must be rejected all the same.
-  assert random_search(base_config, GRID, digits, repetitions=repetitions,
+  assert random_search(base_config, GRID, digits, distribution=repetitions,
                        key=jax.random.key(0)).unreleased.num_candidates == 0
   with pytest.raises(ValueError, match="data must be a jaxdp.data.Dataset"):
-    random_search(base_config, GRID, (1, 2), repetitions=repetitions, key=jax.random.key(0))
+    random_search(base_config, GRID, (1, 2), distribution=repetitions, key=jax.random.key(0))
 
 
 def test_nan_threshold_is_rejected_not_silently_unreleased(digits, base_config):
   # Before the check, NaN compared False with every score: the search trained
   # and then released nothing, exactly like an honest failure.
   with pytest.raises(ValueError, match="threshold must be a finite real number"):
-    threshold_search(base_config, GRID, digits, threshold=float("nan"), stop_prob=1.0, key=jax.random.key(2))
+    threshold_search(base_config, GRID, digits, threshold=float("nan"), distribution=acc.Fixed(1),
+                     key=jax.random.key(2))
 
 
 def test_result_docstring_states_what_is_covered():
@@ -169,30 +204,3 @@ def test_result_docstring_states_what_is_covered():
                "NOT accounted", "K (`num_candidates`)", "Not covered, not for publication",
                "left out of repr, `to_json`, `save` and pickling"):
     assert fact in " ".join(doc.split()), fact
-
-
-def _draw_search_one_key(space, repetitions, key):
-  """`draw_search` as written before draws were vectorised: one key, one search (the reference)."""
-  k_key, draw_key = jax.random.split(key)
-  k = int(repetitions.sample(k_key))
-  if not k:
-    return []
-  pick_key, keys_key = jax.random.split(draw_key)
-  picks = np.asarray(jax.random.randint(pick_key, (k,), 0, len(space)))
-  keys = np.asarray(jax.random.key_data(jax.random.split(keys_key, k)))
-  return [(space.points[int(i)], tuple(int(w) for w in row)) for i, row in zip(picks, keys)]
-
-
-# Each distinct K compiles its draw (about half a second): the geometric law's many go to the slow set.
-@pytest.mark.parametrize("repetitions", [acc.Poisson(mean=1.5), acc.Fixed(2), pytest.param(
-    acc.Geometric(mean=3), marks=pytest.mark.slow)], ids=repr)
-def test_vectorised_draws_are_each_searchs_own(repetitions, base_config, monkeypatch):
-  from jaxdp.tuning import search  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(search, "_CHUNK", 16)  # several chunks, the last one padded
-  space = SearchSpace(base_config, {"learning_rate": [0.1, 0.5, 1.0], "epochs": [1, 2]})
-  key = jax.random.key(3)
-  keys = jax.vmap(lambda t: jax.random.fold_in(key, t))(np.arange(40))
-  got = [[(c.point, c.key_data) for c in cands] for cands in search.draw_searches(space, repetitions, keys)]
-  want = [_draw_search_one_key(space, repetitions, jax.random.fold_in(key, t)) for t in range(40)]
-  assert got == want and sum(map(len, got)) > 40
-  assert [(c.point, c.key_data) for c in search.draw_search(space, repetitions, keys[7])] == want[7]

@@ -9,7 +9,8 @@ from jaxdp import accounting as acc
 from jaxdp.data import DataSplit, Dataset
 from jaxdp.train import init_params, LoopSpec, train_candidate
 from jaxdp.sweep import engine
-from jaxdp.tuning import SubsampledResult, extrapolate, subsampled, subsampled_search
+from jaxdp.tuning import (extrapolate, LocalTrainer, RunConfig, subsampled, subsampled_search,
+                          SubsampledResult, SubsetTuning, TrainFunction)
 
 GRID = {"learning_rate": [0.3, 1.0, 3.0]}
 REPS = acc.Poisson(mean=3)
@@ -18,8 +19,9 @@ REPS = acc.Poisson(mean=3)
 def _run(base_config, digits, two_devices, **kw):
   # One candidate per device: every K reuses one compilation (keeps the tests fast).
   # With no overrides this is tests/conftest.py's `tiny_subsampled`.
-  kwargs = dict(q=0.3, variant=1, repetitions=REPS, key=jax.random.key(3), devices=two_devices,
-                max_candidates_per_device=1)
+  kwargs = dict(subset=SubsetTuning(0.3, 1), distribution=REPS, key=jax.random.key(3),
+                run_config=RunConfig(trainer=LocalTrainer(devices=two_devices,
+                                                          max_candidates_per_device=1)))
   kwargs.update(kw)
   return subsampled_search(base_config, GRID, digits, **kwargs)
 
@@ -56,17 +58,17 @@ def test_variant1_trains_the_final_model_on_exactly_the_complement(v1, digits):
   assert 0.2 * n_all < mask.sum() < 0.4 * n_all  # Poisson(q = 0.3) subset
   # Retrain independently on X \ X1 with the documented key: identical parameters.
   final_key = jax.random.split(jax.random.key(3), 3)[2]
-  again = train_candidate(v1.final_config, _subset(digits, ~mask, v1.final_train_size), final_key)
+  again = train_candidate(v1.config, _subset(digits, ~mask, v1.final_train_size), final_key)
   for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(v1.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert again.score == v1.score
   # ... and not what training on all of X gives.
-  other = train_candidate(v1.final_config, digits, final_key)
+  other = train_candidate(v1.config, digits, final_key)
   assert not np.array_equal(np.asarray(jax.tree.leaves(other.params)[0]), np.asarray(jax.tree.leaves(v1.params)[0]))
 
 
 def test_variant2_trains_on_all_data_and_composes(digits, base_config, two_devices, v1):
-  v2 = _run(base_config, digits, two_devices, variant=2)
+  v2 = _run(base_config, digits, two_devices, subset=SubsetTuning(0.3, 2))
   assert v2.final_train_size == digits.train.inputs.shape[0]
   np.testing.assert_array_equal(v2.unreleased.subset_mask, v1.unreleased.subset_mask)  # same key, same X1
   assert v2.learning_rate_factor == pytest.approx(v2.final_train_size / v2.subset_size)
@@ -78,8 +80,8 @@ def test_sgd_learning_rate_is_extrapolated_by_n_over_m(v1):
   factor = v1.final_train_size / v1.subset_size
   assert v1.learning_rate_factor == pytest.approx(factor)
   assert v1.tuned_hyperparameters["learning_rate"] in GRID["learning_rate"]
-  assert v1.final_config.hparams["learning_rate"] == pytest.approx(v1.tuned_hyperparameters["learning_rate"] * factor)
-  assert v1.hyperparameters["learning_rate"] == v1.final_config.hparams["learning_rate"]
+  assert v1.config.hparams["learning_rate"] == pytest.approx(v1.tuned_hyperparameters["learning_rate"] * factor)
+  assert v1.hyperparameters["learning_rate"] == v1.config.hparams["learning_rate"]
   assert 0.5 < v1.score <= 1.0 and 0.5 < v1.tuned_score <= 1.0
 
 
@@ -106,7 +108,8 @@ def test_same_key_same_result(v1, digits, base_config, two_devices):
   assert again.score == v1.score
   np.testing.assert_array_equal(again.unreleased.subset_mask, v1.unreleased.subset_mask)
   # Another key draws another X1 (K = 0 here: only the final run trains).
-  other = _run(base_config, digits, two_devices, key=jax.random.key(4), repetitions=acc.Poisson(mean=1e-9))
+  other = _run(base_config, digits, two_devices, key=jax.random.key(4),
+               distribution=acc.Poisson(mean=1e-9))
   assert not np.array_equal(other.unreleased.subset_mask, v1.unreleased.subset_mask)
   # K = 0 releases nothing: the final run uses the first grid point (data-independent), extrapolated.
   assert other.unreleased.num_candidates == 0 and other.tuned_hyperparameters is None
@@ -115,17 +118,20 @@ def test_same_key_same_result(v1, digits, base_config, two_devices):
 
 def test_privacy_changing_grid_is_accounted_by_uniform_candidates(digits, base_config, two_devices):
   grid = {"noise_multiplier": [0.8, 2.0]}
-  res = subsampled_search(base_config, grid, digits, q=0.3, variant=1, repetitions=acc.Poisson(mean=2),
-                          key=jax.random.key(3), devices=two_devices, max_candidates_per_device=1)
+  res = subsampled_search(base_config, grid, digits, subset=SubsetTuning(0.3, 1),
+                          distribution=acc.Poisson(mean=2),
+                          key=jax.random.key(3),
+                          run_config=RunConfig(trainer=LocalTrainer(devices=two_devices,
+                                                                    max_candidates_per_device=1)))
   events = [base_config.replace(noise_multiplier=s).dp_event() for s in (0.8, 2.0)]
   cand = acc.UniformCandidates(events)
   ev = acc.SubsampledTuning(tune=acc.RepeatAndSelect(cand, acc.Poisson(mean=2)), final=cand, q=0.3, variant=1)
   assert res.epsilon == acc.epsilon(ev, 1e-5, "best")
-  assert res.final_config.noise_multiplier == res.tuned_hyperparameters["noise_multiplier"]
+  assert res.config.noise_multiplier == res.tuned_hyperparameters["noise_multiplier"]
 
 
 def test_warm_start(digits, base_config, two_devices, v1):
-  warm = _run(base_config, digits, two_devices, warm_start=True)
+  warm = _run(base_config, digits, two_devices, subset=SubsetTuning(0.3, 1, warm_start=True))
   assert warm.tuned_hyperparameters == v1.tuned_hyperparameters
   assert not np.array_equal(np.asarray(jax.tree.leaves(warm.params)[0]), np.asarray(jax.tree.leaves(v1.params)[0]))
   # (K = 0 releasing the default is checked in test_same_key_same_result.)
@@ -147,35 +153,43 @@ def test_train_candidate_initial_params(digits, base_config):
 
 
 BAD_INPUT = [
-    ("q_zero", dict(q=0.0), r"q must be in \(0.0, 1.0\)"),
-    ("q_one", dict(q=1.0), r"q must be in \(0.0, 1.0\)"),
-    ("q_negative", dict(q=-0.5), "q must be"),
-    ("q_nan", dict(q=float("nan")), "q must be finite, got nan"),
-    ("variant_3", dict(variant=3), "variant must be 1"),
-    ("variant_bool", dict(variant=True), "variant must be 1"),
-    ("key_int", dict(key=0), "key must be a typed PRNG key"),
-    ("key_batch", dict(key=jax.random.split(jax.random.key(0), 3)), r"key must be a single PRNG key of shape \(\)"),
-    ("delta_zero", dict(delta=0.0), r"delta must be in \(0.0, 1.0\), got 0.0"),
-    ("warm_start_string", dict(warm_start="yes"), "warm_start"),
-    ("repetitions_int", dict(repetitions=3), "repetitions must be a jaxdp.accounting K distribution"),
-    ("data_tuple", dict(data=(1, 2)), r"data must be a jaxdp.data.Dataset.*got tuple"),
-    ("grid_empty", dict(search_space={}), "search_space must be a non-empty mapping"),
-    ("grid_values_empty", dict(search_space={"learning_rate": ()}),
+    ("q_zero", lambda: dict(subset=SubsetTuning(0.0, 1)), r"q must be in \(0.0, 1.0\)"),
+    ("q_one", lambda: dict(subset=SubsetTuning(1.0, 1)), r"q must be in \(0.0, 1.0\)"),
+    ("q_negative", lambda: dict(subset=SubsetTuning(-0.5, 1)), "q must be"),
+    ("q_nan", lambda: dict(subset=SubsetTuning(float("nan"), 1)), "q must be finite, got nan"),
+    ("variant_3", lambda: dict(subset=SubsetTuning(0.3, 3)), "variant must be 1"),
+    ("variant_bool", lambda: dict(subset=SubsetTuning(0.3, True)), "variant must be 1"),
+    ("warm_start_string", lambda: dict(subset=SubsetTuning(0.3, 1, warm_start="yes")), "warm_start"),
+    ("subset_tuple", lambda: dict(subset=(0.3, 1)), "subset must be a jaxdp.tuning.SubsetTuning"),
+    ("key_int", lambda: dict(key=0), "key must be a typed PRNG key"),
+    ("key_batch", lambda: dict(key=jax.random.split(jax.random.key(0), 3)),
+     r"key must be a single PRNG key of shape \(\)"),
+    ("delta_zero", lambda: dict(target_delta=0.0), r"target_delta must be in \(0.0, 1.0\), got 0.0"),
+    ("distribution_int", lambda: dict(distribution=3),
+     "distribution must be a jaxdp.accounting K distribution"),
+    ("data_tuple", lambda: dict(data=(1, 2)), r"data must be a jaxdp.data.Dataset.*got tuple"),
+    ("grid_empty", lambda: dict(search_space={}), "search_space must be a non-empty mapping"),
+    ("grid_values_empty", lambda: dict(search_space={"learning_rate": ()}),
      r"search_space\['learning_rate'\] must be a non-empty sequence"),
-    ("config_none", dict(config=None), "config must be a TrainConfig or SearchSpace"),
-    ("engine_unknown_kwarg", dict(batch=3), r"unknown keyword argument\(s\) \['batch'\]"),
-    ("engine_zero_per_device", dict(max_candidates_per_device=0), "max_candidates_per_device"),
+    ("config_none", lambda: dict(config=None), "config must be a TrainConfig or SearchSpace"),
+    ("config_function", lambda: dict(config=TrainFunction(lambda h, s: (0.0, None), lambda h: None)),
+     "config must be a TrainConfig or SearchSpace.*a TrainFunction reads its own"),
+    ("run_config_dict", lambda: dict(run_config={"batch": 3}),
+     "run_config must be None or a jaxdp.tuning.RunConfig"),
+    ("zero_per_device",
+     lambda: dict(run_config=RunConfig(trainer=LocalTrainer(max_candidates_per_device=0))),
+     "max_candidates_per_device"),
 ]
 
 
 @pytest.mark.parametrize("kw,match", [c[1:] for c in BAD_INPUT], ids=[c[0] for c in BAD_INPUT])
 def test_bad_input_is_rejected_before_any_draw_or_training(no_work, digits, base_config, kw, match):
-  kwargs = dict(q=0.3, variant=1, repetitions=REPS, key=jax.random.key(0))
-  kwargs.update(kw)
-  config = kwargs.pop("config", base_config)
-  search_space = kwargs.pop("search_space", GRID)
-  data = kwargs.pop("data", digits)
+  kwargs = dict(subset=SubsetTuning(0.3, 1), distribution=REPS, key=jax.random.key(0))
   with pytest.raises(ValueError, match=match):
+    kwargs.update(kw())  # a bad SubsetTuning or RunConfig refuses as it is built
+    config = kwargs.pop("config", base_config)
+    search_space = kwargs.pop("search_space", GRID)
+    data = kwargs.pop("data", digits)
     subsampled_search(config, search_space, data, **kwargs)
 
 
@@ -190,7 +204,8 @@ def test_empty_subset_is_rejected_before_k_is_drawn(digits, base_config, monkeyp
   monkeypatch.setattr(engine, "train_candidates", fail)
   monkeypatch.setattr(subsampled, "poisson_mask", fail)  # the subset draw
   with pytest.raises(ValueError, match=r"expected size m=0"):
-    subsampled_search(base_config, GRID, digits, q=1e-6, variant=1, repetitions=REPS, key=jax.random.key(0))
+    subsampled_search(base_config, GRID, digits, subset=SubsetTuning(1e-6, 1), distribution=REPS,
+                      key=jax.random.key(0))
 
 
 def test_extrapolate_rejects_bad_input(base_config):

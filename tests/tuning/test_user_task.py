@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from jaxdp import accounting as acc
-from jaxdp.sweep import (Candidate, ResultPool, SearchPlan, SearchSpace, engine, grid_candidates,
+from jaxdp.sweep import (Candidate, ResultPool, SearchSpace, TaskPlan, engine, grid_candidates,
                          record_of, run_sweep)
 from jaxdp.train import LoopSpec, Task, TrainConfig, scale_learning_rate, train_candidate, trainer
-from jaxdp.tuning import dry_run, extrapolate, random_search, subsampled_search, threshold_search
-from jaxdp.tuning.planning import groups_of
+from jaxdp.tuning import (dry_run, extrapolate, LocalTrainer, random_search, RunConfig,
+                          subsampled_search, SubsetTuning, threshold_search)
+
 
 from tests.tuning.conftest import USER_N, user_optimizer
 
@@ -65,7 +66,7 @@ def equivalence_space(user_config):
 def test_groups_traced_and_static(equivalence_space, user_data):
   space = equivalence_space
   assert len(space) == 64
-  groups = groups_of(SearchPlan.build(space, user_data))
+  groups = TaskPlan.build(space, user_data).summary()["groups"]
   assert len(groups) == 4 and [g.grid_points for g in groups] == [16] * 4
   assert {(g.static["width"], round(g.sampling_prob * USER_N)) for g in groups} == {
       (w, b) for w in (4, 8) for b in (10, 20)}
@@ -113,9 +114,9 @@ def test_run_sweep_durable_pool(user_config, user_data, two_devices, tmp_path):
     return engine.train_candidates(todo, data, **kw)
 
   fp = {"task": "user-mlp"}
-  run_sweep(cands[:3], user_data, tmp_path, fp, progress=False, trainer=counting, devices=two_devices,
+  run_sweep(cands[:3], user_data, tmp_path, fp, trainer=counting, devices=two_devices,
             max_candidates_per_device=1)
-  pool = run_sweep(cands, user_data, tmp_path, fp, progress=False, trainer=counting, devices=two_devices,
+  pool = run_sweep(cands, user_data, tmp_path, fp, trainer=counting, devices=two_devices,
                    max_candidates_per_device=1)
   assert calls == [3, 1]
   records = ResultPool(tmp_path, fp, read_only=True).records
@@ -128,16 +129,17 @@ def test_run_sweep_durable_pool(user_config, user_data, two_devices, tmp_path):
     # batch_size configs: the DpEvent is built with q = b / N.
     assert r["dp_event"] == repr(user_config.dp_event(USER_N)) and "sampling_probability=0.1" in r["dp_event"]
   # The record's DpEvent is its run's, from the plan (q = b / N with the declared N).
-  plan = SearchPlan.for_candidates(cands[:1], user_data)
+  plan = TaskPlan.for_candidates(cands[:1], user_data)
   assert record_of(cands[0], lone[cands[0].id], plan)["dp_event"] == repr(user_config.dp_event(USER_N))
-  with pytest.raises(ValueError, match="not one of this SearchPlan's"):
+  with pytest.raises(ValueError, match="not one of this TaskPlan's"):
     record_of(Candidate(cands[0].point, user_config, 0), lone[cands[0].id], plan)
 
 
 @pytest.fixture(scope="module")
 def user_random_search(user_config, user_data, two_devices):
-  return random_search(user_config, GRID, user_data, repetitions=REPS, key=jax.random.key(1),
-                       devices=two_devices, max_candidates_per_device=1)
+  return random_search(user_config, GRID, user_data, distribution=REPS, key=jax.random.key(1),
+                       run_config=RunConfig(trainer=LocalTrainer(devices=two_devices,
+                                                                 max_candidates_per_device=1)))
 
 
 def test_random_search(user_random_search, user_config, user_data):
@@ -153,13 +155,13 @@ def test_random_search(user_random_search, user_config, user_data):
   assert res.event == event
   assert res.epsilon == acc.epsilon(event, 1e-5, method="best")
   # The selected candidate is reproducible alone from its config.
-  again = random_search(user_config, GRID, user_data, repetitions=REPS, key=jax.random.key(1),
-                        max_candidates_per_device=1)
+  again = random_search(user_config, GRID, user_data, distribution=REPS, key=jax.random.key(1),
+                        run_config=RunConfig(trainer=LocalTrainer(max_candidates_per_device=1)))
   assert again.hyperparameters == res.hyperparameters and again.score == res.score
 
 
 def test_dry_run_matches_random_search(no_work, user_random_search, user_config, user_data):
-  plan = dry_run(user_config, GRID, user_data, repetitions=REPS)
+  plan = dry_run(user_config, GRID, user_data, distribution=REPS)
   assert plan.epsilon == user_random_search.epsilon and plan.event == user_random_search.event
   assert len(plan.groups) == 2 and {g.static["width"] for g in plan.groups} == {4, 8}
   assert plan.expected_gradient_evaluations == pytest.approx(3 * 10 * 0.1 * USER_N)
@@ -168,13 +170,17 @@ def test_dry_run_matches_random_search(no_work, user_random_search, user_config,
 
 @pytest.mark.slow  # suite budget (tests/tuning/test_search.py runs threshold_search by default)
 def test_threshold_search(user_config, user_data, two_devices):
-  easy = threshold_search(user_config, GRID, user_data, threshold=0.0, stop_prob=0.5, key=jax.random.key(2),
-                          devices=two_devices, max_candidates_per_device=1)
+  easy = threshold_search(user_config, GRID, user_data, threshold=0.0,
+                          distribution=acc.Geometric(gamma=0.5), key=jax.random.key(2),
+                          run_config=RunConfig(trainer=LocalTrainer(devices=two_devices,
+                                                                    max_candidates_per_device=1)))
   assert easy.unreleased.num_candidates == 1 and easy.hyperparameters is not None and easy.score_source == PUBLIC
   assert easy.config.hparams["width"] == _kernel_width(easy.params)
   assert easy.epsilon == acc.epsilon(acc.ThresholdSelect(user_config.dp_event(USER_N), 0.5), 1e-5, "best")
-  never = threshold_search(user_config, GRID, user_data, threshold=2.0, stop_prob=1.0, key=jax.random.key(2),
-                           devices=two_devices, max_candidates_per_device=1)
+  never = threshold_search(user_config, GRID, user_data, threshold=2.0, distribution=acc.Fixed(1),
+                           key=jax.random.key(2),
+                           run_config=RunConfig(trainer=LocalTrainer(devices=two_devices,
+                                                                     max_candidates_per_device=1)))
   assert never.unreleased.num_candidates == 1 and never.hyperparameters is None and never.params is None
 
 
@@ -182,8 +188,11 @@ def test_threshold_search(user_config, user_data, two_devices):
 def test_subsampled_search(user_config, user_data, two_devices):
   base = user_config.replace(sampling_prob=0.1)  # KK tuning needs q, not an expected batch size
   assert base.batch_size is None and base.num_steps == 10
-  res = subsampled_search(base, GRID, user_data, q=0.5, variant=1, repetitions=acc.Poisson(mean=2),
-                          key=jax.random.key(3), devices=two_devices, max_candidates_per_device=1)
+  res = subsampled_search(base, GRID, user_data, subset=SubsetTuning(0.5, 1),
+                          distribution=acc.Poisson(mean=2),
+                          key=jax.random.key(3),
+                          run_config=RunConfig(trainer=LocalTrainer(devices=two_devices,
+                                                                    max_candidates_per_device=1)))
   m = int(res.unreleased.subset_mask.sum())
   assert 0 < m < USER_N
   # The declared sizes (from N and q alone), not the count drawn.
@@ -192,7 +201,7 @@ def test_subsampled_search(user_config, user_data, two_devices):
   assert res.learning_rate_factor == 1.0
   if res.tuned_hyperparameters is not None:
     assert res.hyperparameters == res.tuned_hyperparameters
-  assert res.final_config.hparams["width"] == res.hyperparameters["width"] == _kernel_width(res.params)
+  assert res.config.hparams["width"] == res.hyperparameters["width"] == _kernel_width(res.params)
   assert 0.0 <= res.score <= 1.0
   event = acc.SubsampledTuning(tune=acc.RepeatAndSelect(base.dp_event(), acc.Poisson(mean=2)),
                                final=base.dp_event(), q=0.5, variant=1)
@@ -200,14 +209,14 @@ def test_subsampled_search(user_config, user_data, two_devices):
   # The final run is the documented one: retrain it on X \ X1 with its key.
   final_key = jax.random.split(jax.random.key(3), 3)[2]
   rest = jax.tree.map(lambda leaf: leaf[~res.unreleased.subset_mask], user_data.train)
-  again = train_candidate(res.final_config, type(user_data)(train=rest, test=user_data.test,
+  again = train_candidate(res.config, type(user_data)(train=rest, test=user_data.test,
                                                             num_examples=res.final_train_size), final_key)
   _assert_same_params(again.params, res.params, rtol=0, atol=0)
 
 
 def test_subsampled_search_refuses_batch_size(no_work, user_config, user_data):
   with pytest.raises(ValueError, match="subsampled_search needs sampling_prob, not batch_size"):
-    subsampled_search(user_config, GRID, user_data, q=0.5, variant=1, repetitions=REPS,
+    subsampled_search(user_config, GRID, user_data, subset=SubsetTuning(0.5, 1), distribution=REPS,
                       key=jax.random.key(0))
 
 
