@@ -108,7 +108,7 @@ class ConvNet(nn.Module):
     return nn.Dense(3)(x.reshape(x.shape[0], -1))
 
 
-@pytest.mark.slow  # 6 s; nn.Conv's ghost path runs in tests/test_adversarial.py's default set (conv-1x1)
+@pytest.mark.slow  # 6 s; nn.Conv's ghost path runs in tests/adversarial/test_clipping.py's default set (conv-1x1)
 def test_conv_padding_modes_match_vmap_path(random_params):
   x, y = _data((9, 9, 2), 6)
   model = ConvNet()
@@ -125,7 +125,7 @@ def test_conv_padding_modes_match_vmap_path(random_params):
     ("logreg", "im2col", (4, 4, 1)),
     ("mlp", "im2col", (4, 4, 1)),
     # Both lowerings (7 s and 6 s of compiling) in the slow set (the 5-minute budget); Conv2D's
-    # im2col ghost path runs in tests/test_adversarial.py's default set (conv2d-im2col).
+    # im2col ghost path runs in tests/adversarial/test_clipping.py's default set (conv2d-im2col).
     pytest.param("papernot_steinke_cnn", "im2col", (4, 4, 1), marks=pytest.mark.slow),
     pytest.param("papernot_steinke_cnn", "native", (4, 4, 1), marks=pytest.mark.slow),
     pytest.param("opacus_cnn", "im2col", (28, 28, 1), marks=pytest.mark.slow),

@@ -4,7 +4,7 @@ The ghost forms for `nn.Embed` (token equality) and `nn.DenseGeneral` (any
 contracted axes) must give the per-example-gradient path's clipped sum to
 float32 round-off (`test_ghost._assert_same`) on tokens with repeats,
 padding, ids that wrap and sequences of several lengths, and fall back where
-a table is read twice. The adversarial bounds are in `tests/test_adversarial.py`.
+a table is read twice. The adversarial bounds are in `tests/adversarial/test_clipping.py`.
 """
 
 import flax.linen as nn

@@ -1,6 +1,6 @@
 """One `SearchPlan` per call: everything checked and derived once, read by everything below.
 
-Counted on the user MLP (tests/tuning/conftest.py): a grid of 2 widths x 2
+Counted on the user MLP (tests/conftest.py): a grid of 2 widths x 2
 learning rates is 4 configurations of 2 programs.
 """
 
@@ -20,7 +20,7 @@ from jaxdp.train import CandidateResult, NoisyMean, checks, program
 from jaxdp.train import loop_spec
 from jaxdp.tuning import (dry_run, LocalTrainer, random_search, RunConfig, subsampled_search,
                           SubsetTuning, threshold_search)
-from tests.tuning.conftest import USER_N, make_user_task, user_correct
+from tests.conftest import USER_N, make_user_task, user_correct
 
 GRID = {"width": [4, 8], "learning_rate": [0.03, 0.1]}
 REPS = acc.Poisson(mean=3)

@@ -1,5 +1,5 @@
 """Planning a search before it trains: accounting by candidate, score modes, target epsilon, dry runs,
-and bad input caught before K is drawn (issue 12), on the user task of tests/tuning/conftest.py."""
+and bad input caught before K is drawn (issue 12), on the user task of tests/conftest.py."""
 
 import math
 
@@ -19,7 +19,7 @@ from jaxdp.tuning import (dry_run, LocalTrainer, random_search, RunConfig,
                           subsampled_search, SubsetTuning, threshold_search)
 
 from tests.conftest import SEARCH_GRID
-from tests.tuning.conftest import USER_N, make_user_task, user_correct
+from tests.conftest import USER_N, make_user_task, user_correct
 
 PUBLIC, PRIVATE = trainer.PUBLIC_SOURCE, trainer.PRIVATE_SOURCE
 REPS = acc.Poisson(mean=3)
@@ -113,7 +113,7 @@ def test_dp_score_reads_the_private_validation_split(dp_config, dp_task, user_co
   assert res.score == pytest.approx(float(expected), abs=1e-6)
   test = user_data.test
   # With a DP selection score, the public test score is minus the mean test loss.
-  from tests.tuning.conftest import user_loss  # pylint: disable=g-import-not-at-top
+  from tests.conftest import user_loss  # pylint: disable=g-import-not-at-top
   assert res.test_score == -res.test_loss
   assert res.test_loss == pytest.approx(float(user_loss(model.apply(res.params, test["x"]), test).mean()),
                                         rel=1e-5)
@@ -312,7 +312,7 @@ def _per_example_score(outputs, batch):
 
 
 def _mean_loss(outputs, batch):
-  from tests.tuning.conftest import user_loss  # pylint: disable=g-import-not-at-top
+  from tests.conftest import user_loss  # pylint: disable=g-import-not-at-top
   return user_loss(outputs, batch).mean()  # not one value per example
 
 

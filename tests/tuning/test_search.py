@@ -68,7 +68,7 @@ def test_threshold_search(digits, base_config):
 
 
 # --- Every argument is checked before K is drawn and before any training. ---
-# The `no_work` fixture (tests/tuning/conftest.py) makes drawing K or training
+# The `no_work` fixture (tests/conftest.py) makes drawing K or training
 # raise, so each ValueError below is proven to come first, whatever K would be.
 
 # (id, overrides of the common arguments, expected message). A `config` given

@@ -197,7 +197,7 @@ def test_empty_subset_is_rejected_before_k_is_drawn(digits, base_config, monkeyp
   # A declared subset size round(q N) = 0 is known from the public N and q
   # alone, and is reported before the subset or K is drawn or anything trains.
   # (An empty *drawn* subset is a valid outcome, never an error:
-  # tests/test_adversarial.py.)
+  # tests/adversarial/test_scores_and_draws.py.)
   def fail(*args, **kwargs):
     raise AssertionError("drew the subset or K, or trained, before refusing a declared m = 0")
   monkeypatch.setattr(REPS.__class__, "sample", fail)

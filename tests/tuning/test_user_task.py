@@ -1,6 +1,6 @@
 """A user's own task (issue 12) through every entry point: lone run, engine, pool, every tuner.
 
-The task (tests/tuning/conftest.py) is a Flax MLP whose `width` the model
+The task (tests/conftest.py) is a Flax MLP whose `width` the model
 factory reads (static), a per-example sigmoid cross-entropy and an accuracy
 score over dict batches, and `optax.chain(clip_by_global_norm, adamw)` built
 from learning_rate and weight_decay (traced), on NumPy dict data.
@@ -18,7 +18,7 @@ from jaxdp.tuning import (dry_run, extrapolate, LocalTrainer, random_search, Run
                           subsampled_search, SubsetTuning, threshold_search)
 
 
-from tests.tuning.conftest import USER_N, user_optimizer
+from tests.conftest import USER_N, user_optimizer
 
 PUBLIC = trainer.PUBLIC_SOURCE
 REPS = acc.Poisson(mean=3)
@@ -104,7 +104,7 @@ def test_batched_equals_lone_over_traced_and_static(user_config, user_data, two_
                          np.asarray(jax.tree.leaves(batched[1].params)[0]))
 
 
-@pytest.mark.slow  # suite budget (tests/tuning/test_durable.py resumes durable searches by default)
+@pytest.mark.slow  # suite budget (tests/sweep/test_store.py resumes durable searches by default)
 def test_run_sweep_durable_pool(user_config, user_data, two_devices, tmp_path):
   cands = grid_candidates(SearchSpace(user_config, {"learning_rate": [0.02, 0.1]}), seeds=[0, 1])
   calls = []

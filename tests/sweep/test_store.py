@@ -1,4 +1,5 @@
-"""Durable, resumable tuners: a crash costs nothing, a rerun is the same draw, another draw is refused."""
+"""Durable, resumable tuners through the store (`jaxdp.sweep.store`): a crash costs nothing, a
+rerun is the same draw, another draw is refused."""
 
 import dataclasses
 import functools
