@@ -9,7 +9,7 @@ floating-point operations in the same order: the subsampled Gaussian's RDP
 (`poisson_gaussian_rdp`) and the tail truncation of a PLD composition
 (`compose_plds`); their numbers are dp-accounting's bit for bit. They are used
 here and nowhere else, under the version range pinned in pyproject.toml;
-`tests/accounting/test_dpa_adapter.py` fails loudly if a new dp-accounting
+`tests/accounting/test_dpa.py` fails loudly if a new dp-accounting
 release moves them or changes a number.
 
 Caches (all keyed by value, bounded, and only of deterministic functions of
@@ -177,7 +177,7 @@ class _RdpAccountant(dpa.rdp.RdpAccountant):
 # in numpy and Python), and only the running log-sum and the stopping test,
 # which are sequential, stay a Python loop over Python floats (dp-accounting's
 # `_log_add` inlined: the same comparisons and `math` calls). So every value
-# is dp-accounting's bit for bit (test_dpa_adapter.py checks a grid of rates,
+# is dp-accounting's bit for bit (test_dpa.py checks a grid of rates,
 # noises and orders), ~5x faster. Anything off the common path (q = 0 or 1, sigma = 0, an
 # infinite order, a fractional series that does not converge) is
 # dp-accounting's own function.

@@ -7,7 +7,7 @@ construction with one loop vectorised (`_GaussianPrivacyLoss`), and replaces
 the tail truncation of a PLD composition (`compose_plds`) by numpy doing the
 same floating-point operations in the same order: its numbers are
 dp-accounting's bit for bit. Used here and nowhere else, under the version
-range pinned in pyproject.toml; `tests/accounting/test_dpa_adapter.py` fails
+range pinned in pyproject.toml; `tests/accounting/test_dpa.py` fails
 loudly if a new dp-accounting release moves them or changes a number.
 
 Caches (keyed by value, bounded, of deterministic functions of their key):
@@ -60,7 +60,7 @@ class _GaussianPrivacyLoss(_PLM.GaussianPrivacyLoss):
   give a 0-d and an n-d input the same bits), and every point on one of
   dp-accounting's special branches (near the asymptote -log(1-q) where it uses
   math.isclose, where it raises, b = 0) goes through its own scalar method.
-  So the PMF is dp-accounting's bit for bit; test_dpa_adapter.py checks it.
+  So the PMF is dp-accounting's bit for bit; test_dpa.py checks it.
   """
 
   def _inverse_privacy_losses(self, epsilons: np.ndarray) -> np.ndarray:
@@ -137,13 +137,13 @@ def gaussian_pld(standard_deviation: float, interval: float, sampling_prob: floa
 # a small sigma); k-fold compositions of the same step (T steps, k T steps for
 # Fixed(k), the PLD mixture's base) share it. dp-accounting's PLD operations
 # return new objects and never write to their inputs, so handing out the
-# cached object is safe (test_dpa_adapter checks).
+# cached object is safe (test_dpa.py checks).
 _step_cache = LruCache(32, 128 * 2**20)
 
 
 def _gaussian_step_pld(standard_deviation: float, interval: float, sampling_prob: float = 1.0):
   # As floats: an int sigma or rate gives dp-accounting the same PLD (checked
-  # in test_dpa_adapter), and a hit must be exactly what a miss computes.
+  # in test_dpa.py), and a hit must be exactly what a miss computes.
   key = (float(standard_deviation), float(interval), float(sampling_prob))
   found = _step_cache.get(key)
   if found is None:
@@ -209,7 +209,7 @@ def compose_plds(pld1, pld2, tail_mass_truncation: float = COMPOSE_TAIL_MASS):
   rest is dp-accounting's code path (`PrivacyLossDistribution.compose`,
   `compose_pmfs`, `DensePLDPmf.compose`, `_truncate_tails`) step by step, and
   any other case (sparse PMFs, no truncation) is dp-accounting's own call.
-  test_dpa_adapter.py checks the PMFs are equal.
+  test_dpa.py checks the PMFs are equal.
   """
   remove = _compose_pmfs(pld1._pmf_remove, pld2._pmf_remove,
                          tail_mass_truncation)  # pylint: disable=protected-access

@@ -110,7 +110,7 @@ def main(argv=None) -> int:
                                             args.task_delay)
   trainer = RayTrainer(address=args.address, chunk_size=1)
   result = random_search(config, search["grid"], search["data"],
-                         distribution=search["repetitions"], key=jax.random.key(search["key"]),
+                         distribution=search["distribution"], key=jax.random.key(search["key"]),
                          run_config=RunConfig(run_dir=args.run_dir, trainer=trainer))
   leaves = [np.asarray(x) for x in jax.tree.leaves(result.params)]
   if args.params_out:

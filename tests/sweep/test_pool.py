@@ -307,13 +307,13 @@ def test_run_sweep_resumes_and_skips_finished(tmp_path, digits, base_config, two
 _SCRIPT = textwrap.dedent("""
     import sys
     from jaxdp.data import load_dataset
-    from jaxdp.sweep import SearchSpace, grid_candidates, run_sweep
+    from jaxdp.sweep import LocalTrainer, SearchSpace, grid_candidates, run_sweep
     from jaxdp.train import TrainConfig, presets
     base = TrainConfig(task=presets.classifier(10), l2_clip_norm=1.0, noise_multiplier=1.0,
                        sampling_prob=0.05, steps=400, hparams=dict(learning_rate=1.0, model="mlp"))
     cands = grid_candidates(SearchSpace(base, {"learning_rate": [0.1, 0.2, 0.4, 0.8, 1.6, 3.2]}), seeds=[0])
     run_sweep(cands, load_dataset("digits"), sys.argv[1], {"kill": 1},
-              max_candidates_per_device=1)
+              trainer=LocalTrainer(max_candidates_per_device=1))
 """)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from jaxdp import accounting as acc
 from jaxdp.sweep import (Candidate, ResultPool, SearchSpace, TaskPlan, engine, grid_candidates,
-                         record_of, run_sweep)
+                         run_sweep)
 from jaxdp.train import LoopSpec, Task, TrainConfig, scale_learning_rate, train_candidate, trainer
 from jaxdp.tuning import (dry_run, extrapolate, LocalTrainer, random_search, RunConfig,
                           subsampled_search, SubsetTuning, threshold_search)
@@ -109,15 +109,15 @@ def test_run_sweep_durable_pool(user_config, user_data, two_devices, tmp_path):
   cands = grid_candidates(SearchSpace(user_config, {"learning_rate": [0.02, 0.1]}), seeds=[0, 1])
   calls = []
 
-  def counting(todo, data, **kw):
+  local = LocalTrainer(devices=two_devices, max_candidates_per_device=1)
+
+  def counting(todo, plan, **kw):
     calls.append(len(todo))
-    return engine.train_candidates(todo, data, **kw)
+    return local(todo, plan, **kw)
 
   fp = {"task": "user-mlp"}
-  run_sweep(cands[:3], user_data, tmp_path, fp, trainer=counting, devices=two_devices,
-            max_candidates_per_device=1)
-  pool = run_sweep(cands, user_data, tmp_path, fp, trainer=counting, devices=two_devices,
-                   max_candidates_per_device=1)
+  run_sweep(cands[:3], user_data, tmp_path, fp, trainer=counting)
+  pool = run_sweep(cands, user_data, tmp_path, fp, trainer=counting)
   assert calls == [3, 1]
   records = ResultPool(tmp_path, fp, read_only=True).records
   assert {r["id"] for r in records} == {c.id for c in cands} == pool.done_ids()
@@ -130,9 +130,9 @@ def test_run_sweep_durable_pool(user_config, user_data, two_devices, tmp_path):
     assert r["dp_event"] == repr(user_config.dp_event(USER_N)) and "sampling_probability=0.1" in r["dp_event"]
   # The record's DpEvent is its run's, from the plan (q = b / N with the declared N).
   plan = TaskPlan.for_candidates(cands[:1], user_data)
-  assert record_of(cands[0], lone[cands[0].id], plan)["dp_event"] == repr(user_config.dp_event(USER_N))
+  assert plan.record(cands[0], lone[cands[0].id])[0]["dp_event"] == repr(user_config.dp_event(USER_N))
   with pytest.raises(ValueError, match="not one of this TaskPlan's"):
-    record_of(Candidate(cands[0].point, user_config, 0), lone[cands[0].id], plan)
+    plan.record(Candidate(cands[0].point, user_config, 0), lone[cands[0].id])
 
 
 @pytest.fixture(scope="module")

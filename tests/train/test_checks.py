@@ -95,7 +95,7 @@ def test_a_loss_that_averages_is_named_with_what_it_returned():
 def test_a_loss_returning_a_dict_shows_its_shapes():
   text = str(_message(loss=lambda logits, batch: {"l": ce(logits, batch)}))
   assert "returned {'l': (2,)}" in text
-  assert "(lambda at test_messages.py:" in text  # a lambda is named by where it is written
+  assert "(lambda at test_checks.py:" in text  # a lambda is named by where it is written
 
 
 def test_a_loss_returning_a_pair_without_has_aux_is_told_about_has_aux():
@@ -150,7 +150,7 @@ def test_an_array_score_on_a_dict_output():
 def test_a_dp_score_returning_a_vector():
   score = DpScore(fn=lambda logits, batch, key: logits, event=dp_accounting.GaussianDpEvent(1.0))
   text = str(_message(score=score))
-  assert f"got ({N_VAL}, 3) from the score DpScore(fn=(lambda at test_messages.py:" in text
+  assert f"got ({N_VAL}, 3) from the score DpScore(fn=(lambda at test_checks.py:" in text
   assert "on data.private_validation" in text
 
 
@@ -161,7 +161,7 @@ def test_a_model_that_cannot_take_the_inputs():
   model = Model(init=lambda key, x: {"w": jnp.zeros((D + 1, CLASSES))}, apply=lambda p, x: x @ p["w"])
   err = _message(model=model)
   text = str(err)
-  assert "the model Model(init=(lambda at test_messages.py:" in text
+  assert "the model Model(init=(lambda at test_checks.py:" in text
   assert "cannot take inputs of shape (2, 5): its apply raised TypeError" in text
   assert isinstance(err.__cause__, TypeError)
 

@@ -1,3 +1,5 @@
+"""`jaxdp.models.nets` and `layers`: the presets' shapes and parameter counts, im2col convolutions, bad input."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,14 +79,6 @@ def test_papernot_steinke_spatial_path():
   assert shapes == [(28, 28), (14, 14), (14, 14), (7, 7), (7, 7)]
 
 
-def test_tempered_sigmoid_defaults_to_tanh_and_follows_formula():
-  x = jnp.linspace(-3.0, 3.0, 13)
-  np.testing.assert_allclose(models.TemperedSigmoid()(x), jnp.tanh(x), atol=1e-6)
-  np.testing.assert_allclose(models.get_activation("tempered_sigmoid")(x), jnp.tanh(x), atol=1e-6)
-  ts = models.TemperedSigmoid(scale=3.0, inverse_temperature=0.5, offset=0.25)
-  np.testing.assert_allclose(ts(x), 3.0 / (1.0 + np.exp(-0.5 * np.asarray(x))) - 0.25, rtol=1e-5)
-
-
 def test_activation_option_changes_the_model():
   x = jax.random.normal(jax.random.key(0), (2, 8, 8, 1))
   relu = models.MLP(num_classes=10, activation="relu")
@@ -103,13 +97,3 @@ def test_get_model_rejects_bad_input(kwargs, match):
   name = kwargs.pop("name")
   with pytest.raises(ValueError, match=match):
     models.get_model(name, **kwargs)
-
-
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(scale=0.0), "scale"),
-    (dict(inverse_temperature=-1.0), "inverse_temperature"),
-    (dict(offset=float("nan")), "offset"),
-])
-def test_tempered_sigmoid_rejects_bad_input(kwargs, match):
-  with pytest.raises(ValueError, match=match):
-    models.TemperedSigmoid(**kwargs)
