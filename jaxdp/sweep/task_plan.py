@@ -30,6 +30,7 @@ from jaxdp.sweep.space import (MECHANISM_PARTS, Candidate, SearchSpace, config_r
                                point_key)
 from jaxdp.train import digest as digest_lib
 from jaxdp.train.config import TrainConfig
+from jaxdp.train.loop_spec import LoopSpec
 from jaxdp.train.run_plan import RunPlan, plan_runs
 from jaxdp.train.trainer import CandidateResult, score_source
 
@@ -50,6 +51,8 @@ class Group:
     clipping: (parameter path, 'ghost', 'per-example' or 'frozen', why) for
       every parameter: the path `Task.clipping` and `Task.trainable` give it.
     microbatch_size: rows per per-example-gradient call.
+    static_reasons: (name, why) of each static hyperparameter that is not in
+      `auto_static` (`jaxdp.train.Task.static_reasons`).
   """
   static: Mapping[str, Any]
   traced: tuple
@@ -60,6 +63,13 @@ class Group:
   auto_static: tuple = ()
   clipping: tuple = ()
   microbatch_size: Optional[int] = None
+  static_reasons: tuple = ()
+
+
+def _static_reasons(spec: LoopSpec, hparams: Mapping[str, Any]) -> tuple:
+  auto = dict(spec.auto_static)
+  return tuple((name, why) for name, why in sorted(spec.task.static_reasons(hparams).items())
+               if name not in auto)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -234,7 +244,8 @@ class TaskPlan:
     groups = tuple(Group(static=dict(s.static_hparams), traced=s.traced_names, grid_points=len(rs),
                          sampling_prob=s.sampling_prob, steps=s.num_steps,
                          padded_batch_size=s.padded_batch_size, auto_static=s.auto_static,
-                         clipping=rs[0].clipping, microbatch_size=s.microbatch_size)
+                         clipping=rs[0].clipping, microbatch_size=s.microbatch_size,
+                         static_reasons=_static_reasons(s, rs[0].config.hparams))
                    for s, rs in by_spec.items())
     return {"groups": groups,
             "steps": float(np.mean([run.spec.num_steps for run in self.runs])),

@@ -31,6 +31,7 @@ import optax
 from jaxdp import _validate
 from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
+from jaxdp.train import compilation_cache
 from jaxdp.train import ghost
 from jaxdp.train import microbatching
 from jaxdp.train import trainable as trainable_lib
@@ -424,12 +425,14 @@ def compile_cached(jitted, args: tuple):
   """(`jitted` compiled ahead of time for `args`, seconds spent compiling now).
 
   Executables are kept per (function, argument shapes, dtypes and
-  shardings); a cached one reports 0.0 seconds.
+  shardings); a cached one reports 0.0 seconds. Across processes, JAX's
+  persistent cache (`jaxdp.train.compilation_cache`) makes a compilation a read.
   """
   memo = (jitted, _signature(args))
   executable = _EXECUTABLES.get(memo)
   if executable is not None:
     return executable, 0.0
+  compilation_cache.enable()  # a program compiled by an earlier process is read, not compiled
   start = time.perf_counter()
   executable = jitted.lower(*args).compile()
   seconds = time.perf_counter() - start

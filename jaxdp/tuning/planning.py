@@ -182,12 +182,28 @@ class DryRun:
     ]
     lines[-1:-1] = [f"static automatically: {name!r} ({why}): one compilation per value"
                     for name, why in self.auto_static.items()]
+    lines += [f"  compiled separately: {why}" for why in _why_separate(self.groups)]
     for g in self.groups:
       lines.append(f"  {g.grid_points} grid point(s), static {dict(g.static)}, traced "
                    f"{list(g.traced)}, q={g.sampling_prob:.4g}, steps={g.steps}, "
                    f"padded batch={g.padded_batch_size}, microbatch={g.microbatch_size}")
       lines += [f"    clipping {param}: {path} ({why})" for param, path, why in g.clipping]
     return "\n".join(lines)
+
+
+def _why_separate(groups: Sequence) -> list:
+  """What tells the compiled groups apart, and why each such hyperparameter is static."""
+  if len(groups) < 2:
+    return []
+  reasons = dict(kv for g in groups for kv in g.static_reasons)
+  names = sorted({name for g in groups for name in g.static})
+  varying = [n for n in names if len({repr(g.static.get(n)) for g in groups}) > 1]
+  out = [f"one program per value of {n!r}: {reasons[n]}" for n in varying if n in reasons]
+  for field, what in (("steps", "number of DP steps"), ("padded_batch_size", "padded batch size"),
+                      ("microbatch_size", "microbatch size")):
+    if len({getattr(g, field) for g in groups}) > 1:
+      out.append(f"one program per {what} (the loop's shapes and trip count are compiled in)")
+  return out
 
 
 def dry_run_report(plan: SearchPlan, accounting: Accounting,

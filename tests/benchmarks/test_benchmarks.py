@@ -236,3 +236,22 @@ def test_checkpoints_benchmark():
   # The resumed run computes the uninterrupted run's bits, with or without checkpoints.
   assert resume["same_bits"] is True and resume["same_bits_as_no_checkpoints"] is True
   assert {"backend", "device_kind", "cpu_count", "jax_version", "date"} <= set(out)
+
+
+def test_second_process_benchmark():
+  out = _run("benchmarks.second_process", "--quick")
+  assert out["quick"] is True and out["command"] == "python -m benchmarks.second_process --quick"
+  _positive_numbers(out, ["first_process_s", "second_process_s", "first_search_s", "second_search_s",
+                          "second_over_first"])
+  # The second process reads its programs from the cache: the same release, bit for bit.
+  assert out["same_release"] is True
+
+
+def test_noise_throughput_benchmark():
+  out = _run("benchmarks.noise_throughput", "--quick")
+  assert out["quick"] is True and out["coordinates"] == 65_536 and out["leaves"] == 4
+  assert [r["impl"] for r in out["results"]] == ["threefry2x32", "rbg", "unsafe_rbg"]
+  _positive_numbers(out, ["add_s"])
+  for row in out["results"]:
+    _positive_numbers(row, ["one_draw_s", "per_leaf_s", "one_draw_msamples_per_s",
+                            "per_leaf_msamples_per_s"])

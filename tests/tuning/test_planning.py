@@ -284,6 +284,14 @@ def test_dry_run_groups_and_compute(no_work, user_config, user_data):
         (f"params/{layer}/{leaf}", "ghost") for layer in ("hidden", "out") for leaf in ("bias", "kernel")]
     assert g.microbatch_size == g.padded_batch_size  # this small model fits one microbatch
   assert text.count("    clipping params/hidden/kernel: ghost (Dense 'hidden')") == 8
+  # What splits the groups, and why each such hyperparameter is static.
+  assert all(dict(g.static_reasons) == {"width": "the model factory reads it: it builds the model "
+                                                 "(its layers, parameter shapes)"} for g in groups)
+  assert text.count("compiled separately:") == 4  # width, steps, padded batch and microbatch
+  assert "  compiled separately: one program per value of 'width': the model factory reads it" in text
+  assert "one program per number of DP steps" in text and "one program per padded batch size" in text
+  one = str(dry_run(user_config, {"learning_rate": [0.02, 0.1]}, user_data, distribution=REPS))
+  assert "1 compiled group(s):" in one and "compiled separately" not in one
 
 
 @pytest.mark.slow  # two more dry runs (the default's layers are checked in the test above)
