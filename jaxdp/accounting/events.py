@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import math
 from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
 
 import numbers

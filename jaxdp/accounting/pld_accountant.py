@@ -44,7 +44,6 @@ import dp_accounting as dpa
 import numpy as np
 
 from jaxdp import _validate
-from jaxdp.accounting import _dpa
 from jaxdp.accounting import _dpa_pld
 from jaxdp.accounting import base
 from jaxdp.accounting import distributions as dist_lib

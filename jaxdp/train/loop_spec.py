@@ -5,24 +5,19 @@ shapes. Equal specs share one compiled program (`jaxdp.train.program`)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import time
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from jaxdp import _validate
-from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
 from jaxdp.train import ghost_analysis
 from jaxdp.train import microbatching
 from jaxdp.train import trainable as trainable_lib
 from jaxdp.train.config import TrainConfig
-from jaxdp.train.plan import DpSgdPlan
 from jaxdp.train.sampling import default_padded_batch_size, validate_batch_sizes
 from jaxdp.train.task import HParams, Task
 

@@ -17,7 +17,6 @@ are kept in bounded `jaxdp._cache.LruCache`s.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -28,18 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxdp import _validate
 from jaxdp._cache import LruCache
-from jaxdp.data import Dataset
 from jaxdp.train import compilation_cache
-from jaxdp.train import ghost
-from jaxdp.train import microbatching
 from jaxdp.train import trainable as trainable_lib
-from jaxdp.train.config import TrainConfig
 from jaxdp.train.plan import DpSgdPlan
-from jaxdp.train.sampling import default_padded_batch_size, validate_batch_sizes
-from jaxdp.train.loop_spec import device_dtype, abstract, structure, LoopSpec, traced_hparams
-from jaxdp.train.task import HParams, Task
+from jaxdp.train.loop_spec import device_dtype, abstract, structure, LoopSpec
 
 PyTree = Any
 
