@@ -92,10 +92,19 @@ START_TIMEOUT_S = 60
 DRIVER_TIMEOUT_S = 150
 
 
+_GIVEN_PORTS: set = set()
+
+
 def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+  """A port free now and not given before in this process: the OS may hand the same free port
+  to two successive binds, and two Ray components on one port fail `ray start`."""
+  while True:
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+    if port not in _GIVEN_PORTS:
+      _GIVEN_PORTS.add(port)
+      return port
 
 
 def _session_pids(sid: int) -> list:
