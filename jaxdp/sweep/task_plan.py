@@ -52,7 +52,7 @@ class Group:
       every parameter: the path `Task.clipping` and `Task.trainable` give it.
     microbatch_size: rows per per-example-gradient call.
     static_reasons: (name, why) of each static hyperparameter that is not in
-      `auto_static` (`jaxdp.train.Task.static_reasons`).
+      `auto_static`: the model factory reads it, the task declares it, or it is not a float.
   """
   static: Mapping[str, Any]
   traced: tuple
@@ -67,9 +67,21 @@ class Group:
 
 
 def _static_reasons(spec: LoopSpec, hparams: Mapping[str, Any]) -> tuple:
-  auto = dict(spec.auto_static)
-  return tuple((name, why) for name, why in sorted(spec.task.static_reasons(hparams).items())
-               if name not in auto)
+  """(name, why) of each static hyperparameter the optimizer did not make static: why each of
+  its values compiles a program of its own."""
+  task, auto = spec.task, dict(spec.auto_static)
+  reads = task.model_reads(hparams)
+  static, _ = task.split_hparams(hparams)
+  out = []
+  for name in sorted(set(static) - set(auto)):
+    if name in reads:
+      why = "the model factory reads it: it builds the model (its layers, parameter shapes)"
+    elif name in task.static:
+      why = "the task declares it static (Task.static)"
+    else:
+      why = f"a {type(hparams[name]).__name__}, not a float: only floats are traced"
+    out.append((name, why))
+  return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

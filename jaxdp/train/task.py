@@ -525,20 +525,6 @@ class Task:
       (traced if _is_float(value) and name not in claimed else static)[name] = value
     return static, traced
 
-  def static_reasons(self, hparams: Mapping[str, Any]) -> dict[str, str]:
-    """Why each static hyperparameter of `hparams` is static (name -> why): each of its values
-    compiles a program of its own (`LoopSpec` adds the floats the optimizer needs concrete)."""
-    reads = self.model_reads(hparams)
-    why = {}
-    for name, value in hparams.items():
-      if name in reads:
-        why[name] = "the model factory reads it: it builds the model (its layers, parameter shapes)"
-      elif name in self.static:
-        why[name] = "the task declares it static (Task.static)"
-      elif not _is_float(value):
-        why[name] = f"a {type(value).__name__}, not a float: only floats are traced"
-    return why
-
   def model_inputs(self, batch: PyTree) -> Any:
     if self.inputs is None:
       return default_inputs(batch)
