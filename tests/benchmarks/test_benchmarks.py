@@ -255,3 +255,23 @@ def test_noise_throughput_benchmark():
   for row in out["results"]:
     _positive_numbers(row, ["one_draw_s", "per_leaf_s", "one_draw_msamples_per_s",
                             "per_leaf_msamples_per_s"])
+
+
+def test_compile_groups_benchmark():
+  out = _run("benchmarks.compile_groups", "--quick")
+  assert out["quick"] is True and out["command"] == "python -m benchmarks.compile_groups --quick"
+  assert out["groups"] == 2  # one compiled group per activation
+  _positive_numbers(out, ["engine_first_run_s", "engine_compile_s", "speedup_threads", "loadavg"])
+  for way in ("sequential", "threads", "lower_then_threads"):
+    _positive_numbers(out[way], ["wall_s", "cores_busy"])
+  _positive_numbers(out["lower_then_threads"], ["compile_s"])
+
+
+def test_microbatch_overhead_benchmark():
+  out = _run("benchmarks.microbatch_overhead", "--quick")
+  assert out["quick"] is True and out["command"] == "python -m benchmarks.microbatch_overhead --quick"
+  assert out["model"] == "cnn" and out["rows"] == 48 and set(out["seconds"]) == {"8", "48"}
+  _positive_numbers(out, ["row_s", "per_example_bytes"])
+  _positive_numbers(out["seconds"], ["8", "48"])
+  # The overhead is fitted and may come out negative (larger microbatches cost more per row).
+  assert all(math.isfinite(out[k]) for k in ("microbatch_s", "overhead_rows", "overhead_bytes"))
