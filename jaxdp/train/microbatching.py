@@ -149,14 +149,22 @@ def auto_microbatch_size(padded_batch_size: int, bytes_per_example: int, budget:
   return math.ceil(p / chunks)
 
 
-@functools.lru_cache(maxsize=256)
-def _survival(num_examples: int, sampling_prob: float) -> np.ndarray:
-  """P(B > x) for x = 0, 1, ..., up to where it falls below `_TAIL` (B ~ Binomial(N, q))."""
+@functools.lru_cache(maxsize=64)
+def _survival(num_examples: int, sampling_prob: float) -> tuple:
+  """(low, P(B > x) for x = low, ..., top) for B ~ Binomial(N, q): below low it is 1 and above
+  top 0, to within `_TAIL` (so the array spans some standard deviations, not N)."""
   law = stats.binom(num_examples, sampling_prob)
+  low = int(max(0, law.ppf(_TAIL) - 1))
   top = int(min(num_examples, law.isf(_TAIL)))
-  survival = law.sf(np.arange(top + 1))
+  survival = law.sf(np.arange(low, top + 1))
   survival.setflags(write=False)
-  return survival
+  return low, survival
+
+
+def _expected(low: int, survival: np.ndarray, m: int) -> float:
+  """The sum over k >= 0 of P(B > k m): the k m below `low` count 1 each."""
+  first = -(-low // m)
+  return float(first + np.sum(survival[first * m - low::m]))
 
 
 def expected_microbatches(num_examples: int, sampling_prob: float, microbatch_size: int) -> float:
@@ -169,7 +177,7 @@ def expected_microbatches(num_examples: int, sampling_prob: float, microbatch_si
   n = _validate.integer("num_examples", num_examples, low=1)
   q = _validate.probability("sampling_prob", sampling_prob, one_ok=True)
   m = _validate.integer("microbatch_size", microbatch_size, low=1)
-  return float(np.sum(_survival(n, float(q))[::m]))
+  return _expected(*_survival(n, float(q)), m)
 
 
 def _candidate_sizes(most: int) -> np.ndarray:
@@ -209,13 +217,13 @@ def poisson_microbatch_size(num_examples: int, sampling_prob: float, bytes_per_e
   return _poisson_microbatch_size(n, q, per, budget, overhead)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)
 def _poisson_microbatch_size(n: int, q: float, per: int, budget: int, overhead: int) -> int:
-  survival = _survival(n, q)
+  low, survival = _survival(n, q)
   # Beyond the largest B that has weight, a larger m only adds padding rows.
-  most = max(1, min(budget // per, len(survival)))
+  most = max(1, min(budget // per, low + len(survival)))
   sizes = _candidate_sizes(most)[::-1]  # descending: argmin keeps the larger of equal costs
-  work = [np.sum(survival[::m]) * (float(m) * per + overhead) for m in sizes]
+  work = [_expected(low, survival, int(m)) * (float(m) * per + overhead) for m in sizes]
   return int(sizes[int(np.argmin(work))])
 
 
