@@ -50,7 +50,10 @@ CPU_BYTES_PER_CORE = 384 << 20
 ACCELERATOR_MEMORY_FRACTION = 1 / 16
 _FALLBACK_ACCELERATOR_BYTES = 16 << 30
 #: CPU: what one more microbatch costs beyond its rows, in bytes of working set
-#: (loop step, slicing, the gradient accumulation). See `poisson_microbatch_size`.
+#: (loop step, slicing, the gradient accumulation), for `poisson_microbatch_size`.
+#: `python -m benchmarks.microbatch_overhead` measured 0.7 rows (7.7 MB) for the CNN's
+#: smallest microbatches and none for the transformer; 4x that as a margin, since
+#: microbatches below 4 rows were not measured (docs/benchmarks.md, issue 44 item 4).
 MICROBATCH_OVERHEAD_BYTES = 32 << 20
 #: Microbatch sizes compared at most (all of them up to this many, else a geometric grid).
 _MAX_CANDIDATE_SIZES = 2048
