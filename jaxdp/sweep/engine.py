@@ -59,6 +59,7 @@ from jaxdp.sweep import checkpoints
 from jaxdp.sweep.task_plan import TaskPlan, task_plan_of
 from jaxdp.sweep.progress import candidates_bar
 from jaxdp.sweep.space import Candidate, candidate_keys
+from jaxdp.train import padding
 from jaxdp.train import program
 from jaxdp.train import loop_spec
 from jaxdp.train.program import LoopOutput
@@ -178,7 +179,7 @@ def _compiled_chunk(spec: LoopSpec, devices: tuple, per_device: int, data_parall
   """(executable, seconds spent compiling it now: 0.0 when it was cached)."""
   jitted = _PROGRAMS.get_or_build((spec, devices, per_device, data_parallel),
                                   lambda: _build_program(spec, devices, per_device, data_parallel))
-  return program.compile_cached(jitted, args)
+  return program.compile_cached(jitted, args, persist=padding.persistable(spec.task))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,8 +545,15 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, TaskP
     raise ValueError(f"checkpoint_dir must be None or a directory path, got {checkpoint_dir!r}")
   groups = _groups(candidates, plan, len(devices), search_size)
   mesh = Mesh(np.array(devices), ("devices",))
-  # Once per call, replicated on every device: no host round-trip per chunk.
-  splits = jax.device_put(device_splits(plan.data), NamedSharding(mesh, P()))
+  # Once per call (and per way the tasks pad their validation split), replicated on every
+  # device: no host round-trip per chunk.
+  placed = {}
+
+  def splits_of(task):
+    how = (task.private_score, padding.validation_capacity(task))
+    if how not in placed:
+      placed[how] = jax.device_put(device_splits(plan.data, task), NamedSharding(mesh, P()))
+    return placed[how]
   store = None if checkpoint_dir is None else checkpoints.Checkpoints(checkpoint_dir)
   saver = None if store is None else _Saver(store, plan, candidates)
   with contextlib.ExitStack() as stack, candidates_bar(len(candidates), progress) as bar:
@@ -554,8 +562,9 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, TaskP
     collector = _Collector(candidates, plan, keep_params, on_chunk, bar, saver)
     pending = None
     for group in groups:
-      per_device = max_candidates_per_device or auto_candidates_per_device(group.spec, devices[0],
-                                                                            splits[0])
+      splits = splits_of(group.spec.task)
+      per_device = max_candidates_per_device or auto_candidates_per_device(
+          group.spec, devices[0], padding.rows_of(splits[0]))
       slots = len(devices) // group.data_parallel  # candidates trained side by side
       per_device = min(per_device, math.ceil((search_size or len(group.indices)) / slots))
       for job in _dispatch_group(group, candidates, plan, splits, devices, per_device, bar, saver):
