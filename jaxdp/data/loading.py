@@ -228,7 +228,8 @@ class Dataset:
 
   @property
   def num_train_rows(self) -> int:
-    """Rows actually in `train`: private, so it sizes arrays and never enters a release.
+    """Rows actually in `train`: private, so it never enters a release nor a compiled program's
+    shapes (the programs take `train` padded to the public `row_capacity`).
 
     Checked again as at construction, except that it may be 0: a split that
     a tuner builds from a Poisson draw (`jaxdp.tuning.subsampled_search`'s

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import types
 
 import jax
 import numpy as np
@@ -40,7 +41,8 @@ _SEARCH = textwrap.dedent("""
     from jaxdp.tuning import random_search
     digits, out, VAL = load_dataset("digits"), sys.argv[1], 300
     def entries():
-      return set(os.listdir(compilation_cache.cache_dir()))
+      where = compilation_cache.cache_dir()
+      return set(os.listdir(where)) if os.path.isdir(where) else set()
     def noise(rows, seed):
       rng = np.random.default_rng(seed)
       return DataSplit(rng.standard_normal((rows, 8, 8, 1)).astype(np.float32),
@@ -299,3 +301,23 @@ def test_a_directory_open_to_other_users_is_warned_about(tmp_path):
                         env=_env(tmp_path, JAXDP_COMPILATION_CACHE_DIR=str(shared)), check=False)
   assert proc.returncode != 0 and "open to other users (mode 755)" in proc.stderr
   assert "chmod 700" in proc.stderr
+
+
+def test_a_search_program_is_persisted_only_when_no_draw_decides_it():
+  from jaxdp.sweep import engine  # pylint: disable=g-import-not-at-top
+
+  def run(spec, data_parallel=None):
+    return types.SimpleNamespace(spec=spec, config=types.SimpleNamespace(
+        execution=types.SimpleNamespace(data_parallel=data_parallel)))
+  one = types.SimpleNamespace(runs=[run("a"), run("a")])
+  group = types.SimpleNamespace(run=run("a"), data_parallel=1)
+  assert engine._persistable(one, group, per_device=4, largest=4, num_devices=2)
+  # Which static hyperparameters were drawn (two programs), a chunk sized for few candidates, or
+  # a data-parallel degree chosen because there were fewer candidates than devices: K shows.
+  two = types.SimpleNamespace(runs=[run("a"), run("b")])
+  assert not engine._persistable(two, group, per_device=4, largest=4, num_devices=2)
+  assert not engine._persistable(one, group, per_device=2, largest=4, num_devices=2)
+  assert not engine._persistable(one, types.SimpleNamespace(run=run("a"), data_parallel=2),
+                                 per_device=4, largest=4, num_devices=2)
+  assert engine._persistable(one, types.SimpleNamespace(run=run("a", 2), data_parallel=2),
+                             per_device=4, largest=4, num_devices=2)  # asked for: public
