@@ -29,9 +29,12 @@ of one declared size, whatever rows they hold (N, N + 1 or N - 1), share
 every program and leave the same entries
 (`tests/train/test_compilation_cache.py` scans the entries' constants for the
 data's values and their parameter shapes for the row counts). A `DpScore`
-reads its validation rows unpadded: its programs are never written. What
-the entries do show is public: the declared sizes, the code, and which
-static hyperparameters were compiled (a search's grid). The cache is trusted
+reads its validation rows unpadded: its programs are never written. Nor
+is a search's program that its draw decided (`jaxdp.sweep.engine`: a plan
+of several programs, whose static hyperparameters drawn would tell of K, or
+a layout sized for the number of candidates). What the entries show is
+public: the declared sizes, the code, the one program of a plan, a lone
+run's configuration, and when each was first compiled. The cache is trusted
 like code (an entry is an executable): only your user should write to it,
 and a warning says when others may.
 """
