@@ -51,6 +51,7 @@ from typing import Iterator, Optional
 import jax
 # The thread-local form of a JAX setting (a context manager) is not exported by `jax.config`.
 from jax._src import config as jax_config  # pylint: disable=g-importing-member
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 ENV = "JAXDP_COMPILATION_CACHE_DIR"
 SWITCH = "JAXDP_COMPILATION_CACHE"
@@ -99,17 +100,20 @@ def enable() -> Optional[str]:
         os.makedirs(path, mode=0o700, exist_ok=True)
       except OSError:
         return None
-      from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
       if not _owned:
         _min_compile_s = jax.config.jax_persistent_cache_min_compile_time_secs
       # Nothing is written but inside `writing`: a user's own jit (which may close over
       # data, baking it in) compiles below this process-wide threshold.
       jax.config.update("jax_persistent_cache_min_compile_time_secs", math.inf)
-      compilation_cache.set_cache_dir(path)
+      jax_cache.set_cache_dir(path)
       # JAX decides once per process, at its first compilation, whether a cache is in use;
       # anything compiled before this call must not leave it off.
-      compilation_cache.reset_cache()
+      jax_cache.reset_cache()
       _owned = True
+    elif _owned:  # the user has given JAX a directory since: JAX's settings decide again
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", _min_compile_s)
+      jax_cache.reset_cache()
+      _owned = False
     _enabled_dir = path
   if os.path.isdir(path) and os.stat(path).st_mode & 0o077:
     warnings.warn(f"the compilation cache {path} is open to other users (mode "

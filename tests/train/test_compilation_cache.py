@@ -214,6 +214,12 @@ def test_on_by_default_where_it_lives_and_off_with_one_setting(tmp_path):
   assert not os.path.exists(theirs)  # left to JAX, which creates it at its first compilation
   assert _resolved(tmp_path, JAX_ENABLE_COMPILATION_CACHE="false",
                    JAXDP_COMPILATION_CACHE_DIR=mine)[0] == "None"
+  # Given to JAX after jaxdp turned its own on: JAX's settings decide again (its threshold back).
+  script = ("import sys, jax; from jaxdp.train import compilation_cache as c; c.enable(); "
+            "during = jax.config.jax_persistent_cache_min_compile_time_secs; "
+            "jax.config.update('jax_compilation_cache_dir', sys.argv[1]); "
+            "print(during, c.enable(), jax.config.jax_persistent_cache_min_compile_time_secs)")
+  assert _python(script, theirs, env=_env(tmp_path)).split() == ["inf", theirs, "0.0"]
 
 
 def _noisy_task(val: int):
