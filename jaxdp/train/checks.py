@@ -178,6 +178,11 @@ def check_data(task: Task, data: Dataset) -> None:
   if task.private_score and data.private_validation is None:
     raise ValueError(f"task {task.name!r} has a DP score, which reads data.private_validation, but "
                      "it is None; give Dataset(private_validation=...)")
+  # Checked again (leaves agreeing on N, within the capacity): a Dataset may be changed after
+  # its own checks, and nothing may fail later, after K is drawn.
+  if data.num_train_rows > data.row_capacity:
+    raise ValueError(f"train holds more rows than the row capacity {data.row_capacity} of "
+                     f"num_examples={data.num_examples}")
   padding.check_validation(task, data)
   if not task.private_score and data.test is None:
     raise ValueError(f"task {task.name!r} scores on the public test split, but data.test is None. "

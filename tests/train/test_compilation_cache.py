@@ -292,6 +292,11 @@ def test_row_capacity_is_public_and_too_many_rows_fail_without_naming_them():
   assert _data(216, 60).row_capacity == 216
   with pytest.raises(ValueError, match=r"row capacity 76 of its declared size NoisyMean.num_examples=60"):
     plan_runs([_config(_noisy_task(60))], _data(200, 77))
+  # A Dataset given more rows after its checks is refused when planned, before anything runs.
+  damaged = _data(200, 60)
+  object.__setattr__(damaged, "train", DataSplit(np.zeros((217, 6), np.float32), np.zeros(217, np.int32)))
+  with pytest.raises(ValueError, match=r"row capacity 216 of num_examples=200$"):
+    plan_runs([_config(_noisy_task(60))], damaged)
   # A subset keeps its parent's capacity, whatever was drawn.
   sub = _data(200, 60).with_train_rows(np.arange(200) % 3 == 0, num_examples=70, name="x1")
   assert sub.row_capacity == 216
