@@ -75,7 +75,7 @@ def cache_dir() -> Optional[str]:
   if not jax.config.jax_enable_compilation_cache:
     return None
   configured = jax.config.jax_compilation_cache_dir
-  if configured and configured != _enabled_dir:
+  if configured and not (_owned and configured == _enabled_dir):
     return configured  # the user's, given to JAX (one jaxdp set itself is its own)
   if os.environ.get(SWITCH, "").strip().lower() in _OFF:
     return None

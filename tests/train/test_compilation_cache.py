@@ -94,7 +94,8 @@ def _env(tmp_path, **extra):
   env.pop("XLA_FLAGS", None)
   # XDG_CACHE_HOME too: the default directory must never be the user's own home cache.
   env.update(PYTHONPATH=ROOT, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             XDG_CACHE_HOME=str(tmp_path / "xdg"), **extra)
+             XDG_CACHE_HOME=str(tmp_path / "xdg"))
+  env.update(extra)
   return env
 
 
@@ -192,13 +193,20 @@ def test_neighbours_share_every_program_and_no_data_or_row_count_is_in_the_cache
 
 
 def _resolved(tmp_path, **extra) -> list:
+  # enable() twice: the second call must keep the first's directory (it once took a directory
+  # given to JAX for its own and moved to the default).
   script = ("import jax; from jaxdp.train import compilation_cache as c; "
-            "print(c.enable()); print(jax.config.jax_compilation_cache_dir)")
-  return _python(script, env=_env(tmp_path, **extra)).split()
+            "first = c.enable(); assert c.enable() == first, c.enable(); "
+            "print(first); print(jax.config.jax_compilation_cache_dir)")
+  xdg = tmp_path / ("xdg-" + "-".join(sorted(extra)))  # a fresh XDG_CACHE_HOME per case
+  resolved = _python(script, env=_env(tmp_path, **extra, XDG_CACHE_HOME=str(xdg))).split()
+  if "JAX_COMPILATION_CACHE_DIR" in extra or "JAXDP_COMPILATION_CACHE" in extra:
+    assert not os.path.exists(xdg)  # the default directory never made
+  return resolved
 
 
 def test_on_by_default_where_it_lives_and_off_with_one_setting(tmp_path):
-  default = str(tmp_path / "xdg" / "jaxdp" / "xla")
+  default = str(tmp_path / "xdg-" / "jaxdp" / "xla")
   assert _resolved(tmp_path) == [default, default]
   assert oct(os.stat(default).st_mode & 0o777) == oct(0o700)
   for off in ("0", "false", "OFF"):
