@@ -217,9 +217,18 @@ def _time_line(report: DryRun) -> str:
     return ("time: not measured: dry_run(..., probe=True) compiles each group and times a few "
             "DP steps")
   compile_s, steps_s = report.expected_seconds
-  return (f"time: about {compile_s + steps_s:.3g} s expected = compilation {compile_s:.3g} s + "
-          f"DP steps {steps_s:.3g} s (probed; E[K]={report.expected_candidates:g} from K's law, "
-          "one candidate at a time on one device, scoring not included)")
+  return (f"time: about {_duration(compile_s + steps_s)} expected = compilation "
+          f"{_duration(compile_s)} + DP steps {_duration(steps_s)} (probed; "
+          f"E[K]={report.expected_candidates:g} from K's law, one candidate at a time on one "
+          "device, scoring not included)")
+
+
+def _duration(seconds: float) -> str:
+  if seconds < 1.0:
+    return f"{seconds * 1e3:.3g} ms"
+  if seconds < 120.0:
+    return f"{seconds:.3g} s"
+  return f"{seconds / 60:.3g} min" if seconds < 7200.0 else f"{seconds / 3600:.3g} h"
 
 
 def _group_name(i: int, n: int) -> str:
@@ -245,8 +254,8 @@ def _group_lines(i: int, g: Group, timing, n: int) -> list:
                                                 for kind, label in kinds.items() if kind in found))
   if timing is not None:
     step = ("no step timed (non-finite)" if timing.step_s is None else
-            f"{timing.step_s * 1e3:.3g} ms per DP step ({timing.steps_timed} timed)")
-    lines.append(f"    probe: compiled in {timing.compile_s:.3g} s, {step}")
+            f"{_duration(timing.step_s)} per DP step ({timing.steps_timed} timed)")
+    lines.append(f"    probe: compiled in {_duration(timing.compile_s)}, {step}")
   return lines
 
 
@@ -261,7 +270,7 @@ def _coverage(c) -> str:
              (("all", c.whole), ("some", c.some), ("none", c.none)) if names]
     what = f"{c.given} of {c.total} leaves: {'; '.join(parts)}"
   if c.frozen_from_key:
-    what += (f"; {c.frozen_from_key} frozen leaves it does not hold stay at their random "
+    what += (f"; {c.frozen_from_key} frozen leaves are not in it: they stay at their random "
              "initialisation")
   return what
 

@@ -42,6 +42,8 @@ from jaxdp.train.run_plan import RunPlan
 
 #: Stop timing steps once this many seconds of them were timed (or the plan's steps run out).
 TIMED_SECONDS = 0.3
+#: At least this many DP steps timed per group (when the plan has them): one is noisy.
+MIN_TIMED_STEPS = 3
 #: At most this many DP steps timed per group.
 MAX_TIMED_STEPS = 64
 
@@ -99,7 +101,8 @@ def probe_run(run: RunPlan, splits: tuple, key: jax.Array) -> GroupTiming:
   if spec.num_steps <= 1:  # nothing left to time apart from the start
     return GroupTiming(compile_s, first_s if int(state.step) == 1 else None, int(state.step))
   timed, seconds, more = 0, 0.0, 1
-  while seconds < TIMED_SECONDS and timed < MAX_TIMED_STEPS and int(state.step) < spec.num_steps - 1:
+  while ((seconds < TIMED_SECONDS or timed < MIN_TIMED_STEPS) and timed < MAX_TIMED_STEPS
+         and int(state.step) < spec.num_steps - 1):
     stop = min(int(state.step) + more, spec.num_steps - 1)  # never the last: no scoring
     args[7:] = [state, np.bool_(False), np.int32(stop)]
     start = time.perf_counter()
