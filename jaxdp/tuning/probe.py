@@ -7,7 +7,9 @@ sweep engine runs with one candidate per device) is compiled (`compile_s`:
 compiled now, or read from JAX's persistent compilation cache when it is on
 and holds it) and run from a fresh start for one step, then on for a few more
 steps, which are timed (`step_s`, seconds per DP step; `steps_timed`). Scoring
-is not timed.
+is not timed. The search compiles its own programs again (the engine's, for
+its devices and the data's rows), which take about as long as the probe's:
+the probe's compilation is a measurement, not a head start.
 
 **What it reads.** Only public inputs: the group's configuration, the
 declared N (the stand-in training set has N rows: the private row count, a
