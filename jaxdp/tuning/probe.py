@@ -14,9 +14,11 @@ the probe's compilation is a measurement, not a head start.
 **What it reads.** Only public inputs: the group's configuration, the
 declared N (the stand-in training set has N rows: the private row count, a
 secret under add/remove neighbours, never shapes what is timed), and the
-public test split's rows repeated to N rows (zeros where there is no test
-split of the training data's structure). The private training and validation
-rows are never read: the numbers printed depend on no private value. A probe's
+public test split (its rows repeated to N rows stand in for the training
+set; zeros where it has another structure). The private training and
+validation splits are never read, not even their row counts (a private
+validation split is stood in for by one row of zeros): the numbers printed
+depend on no private value. A probe's
 parameters and noise are discarded; only its wall time is kept.
 
 **What it estimates.** K is secret, so the estimate uses K's public law only:
@@ -66,9 +68,10 @@ class GroupTiming:
 
 
 def stand_in(data: Dataset) -> tuple:
-  """(train, test, validation) shaped for the program from public values only: the test
-  split's rows repeated to the declared N rows (zeros when it has another structure), and
-  zeros shaped like the other splits."""
+  """(train, test, validation) for the program from public values only: the test split's rows
+  repeated to the declared N rows (zeros when it has another structure), the public test split
+  itself, and one row of zeros shaped like a private validation example (its row count is
+  private too; the probe never scores, so only the program's shapes need it)."""
   rows = max(int(data.num_examples), 1)
   public = data.test
   if public is None or structure(public) != structure(data.train) or not _rows(public):
@@ -78,9 +81,11 @@ def stand_in(data: Dataset) -> tuple:
     index = np.arange(rows) % _rows(public)
     train = jax.tree.map(lambda x: np.asarray(x)[index], public)
 
-  def zeros(tree):
-    return None if tree is None else jax.tree.map(lambda x: np.zeros_like(np.asarray(x)), tree)
-  return train, zeros(data.test), zeros(data.private_validation)
+  validation = data.private_validation
+  if validation is not None:
+    validation = jax.tree.map(lambda x: np.zeros((1,) + np.shape(x)[1:], np.asarray(x).dtype),
+                              validation)
+  return train, data.test, validation
 
 
 def _rows(tree) -> int:

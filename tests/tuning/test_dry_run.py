@@ -154,12 +154,15 @@ def test_the_probe_reads_no_private_row(user_data):
                   test=user_data.test, private_validation={k: v[:7] for k, v in
                                                            user_data.private_validation.items()},
                   num_examples=user_data.num_examples)
-  for a, b in zip(probe_lib.stand_in(user_data)[:2], probe_lib.stand_in(other)[:2]):
+  for a, b in zip(probe_lib.stand_in(user_data), probe_lib.stand_in(other)):
     assert jax.tree.all(jax.tree.map(np.array_equal, a, b))
-  train, _, validation = probe_lib.stand_in(other)
+  train, test, validation = probe_lib.stand_in(other)
   assert all(len(v) == user_data.num_examples for v in train.values())  # N rows, not 150
-  assert all(not v.any() for v in validation.values())
-  np.testing.assert_array_equal(train["x"][:100], user_data.test["x"])
+  np.testing.assert_array_equal(train["x"][:100], user_data.test["x"])  # the public rows
+  np.testing.assert_array_equal(train["x"][100:], user_data.test["x"])
+  assert test is user_data.test
+  assert all(v.shape[0] == 1 and not v.any() for v in validation.values())  # not 7 rows, not 100
+  assert probe_lib.stand_in(Dataset(train=other.train, num_examples=200))[1:] == (None, None)
 
 
 def test_a_bad_probe_is_refused(no_work, user_config, user_data):
