@@ -117,7 +117,7 @@ class Dataset:
       example at this N (README, "Privacy assumptions"). The loaders declare
       the published size of the split.
     name: a label for messages and results.
-    num_classes: for labelled `DataSplit`s, labels are checked to lie in
+    num_classes: for labelled `DataSplit` data, labels are checked to lie in
       [0, num_classes); None skips the check.
   """
   train: Any

@@ -279,6 +279,7 @@ class SubsampledResult(TunedResult):
       noise only, as does the final run on an empty final set).
     final_train_size: n, the declared size of the final training set (N - m for variant 1, N
       for variant 2).
+
     variant: 1 or 2.
     q: subset sampling rate.
   """
@@ -294,7 +295,7 @@ class SubsampledResult(TunedResult):
 
 @dataclasses.dataclass(frozen=True)
 class Release:
-  """A release read back from disk (`load_release`): what a tuner's result `save`d.
+  """A release read back from disk (`load_release`): what a tuner's result saved (`save`).
 
   Attributes:
     kind: the result type that saved it ("TunedResult", "SubsampledResult").
