@@ -22,7 +22,7 @@ most C. An example contributes exactly 0 (selected away with `where`, never
 multiplied by 0) when any of its values is not finite, when its bound
 overflows float32 (a squared norm above ~3.4e38), or when w_i < 2^-100.
 
-What stays idealised is stated in the README's threat model: the float
+What stays idealised is stated in the privacy assumptions (docs/guides/privacy.md): the float
 additions that combine the per-microbatch and per-device sums (each a sum of
 vectors of norm <= C), and the floating-point Gaussian noise.
 """

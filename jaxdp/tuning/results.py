@@ -113,7 +113,7 @@ class TunedResult:
   `random_search` and `threshold_search`, of a jaxdp task or of a training function
   (`SubsampledResult` extends it).
 
-  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
+  Privacy assumptions (docs/guides/privacy.md): neighbouring data sets
   differ by adding or removing one private example (training or private
   validation), which is what `event` accounts; the training set size N is
   the declared public `data.num_examples`, never counted from the rows (every
@@ -248,7 +248,7 @@ class SubsampledResult(TunedResult):
   X1; returned so callers can audit the split), `gradient_evaluations` (a
   function of K) and the `compute_ratio` it gives.
 
-  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
+  Privacy assumptions (docs/guides/privacy.md): neighbouring data sets
   differ by adding or removing one training example, as `event` accounts. The
   training set size N is the declared public `data.num_examples`, and every
   size the procedure uses derives from it and q, never from the rows drawn:
