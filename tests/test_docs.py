@@ -7,6 +7,7 @@ interpreter (this checkout's jaxdp first on the path, one CPU device as for a
 user, not the suite's two), so nothing of the test session leaks into it.
 """
 
+import importlib
 import os
 import re
 import subprocess
@@ -114,3 +115,27 @@ def test_readme_keeps_the_two_commands_and_the_quickstarts():
   # Issue 44: the quickstart search's first and second process, in the README itself.
   assert "took 55 s from interpreter start" in quick and "JAXDP_COMPILATION_CACHE_DIR" in quick
 
+
+
+def test_api_reference_documents_every_public_name_once(tmp_path):
+  """docs/_apigen.py writes one page per public package: every name of its `__all__` is
+  documented there, or, re-exported, links to the one page that documents it."""
+  sys.path.insert(0, os.path.join(ROOT, "docs"))
+  try:
+    apigen = importlib.import_module("_apigen")
+  finally:
+    sys.path.remove(os.path.join(ROOT, "docs"))
+  pages = {name[:-4]: (tmp_path / name).read_text() for name in apigen.write_api_pages(str(tmp_path))}
+  assert set(pages) >= {"jaxdp.accounting", "jaxdp.train", "jaxdp.sweep", "jaxdp.tuning", "jaxdp.audit",
+                        "jaxdp.data", "jaxdp.models"}
+  documented = {}
+  for package, text in pages.items():
+    for name in importlib.import_module(package).__all__:
+      entry = re.search(rf"^\.\. auto(?:class|function|data|module):: ({re.escape(name)}|\S+\.{re.escape(name)})$",
+                        text, re.M)
+      link = re.search(rf":obj:`{re.escape(name)} <(\S+)>`", text)
+      assert entry or link, (package, name)
+      if entry:
+        documented.setdefault(f"{package}.{name}", package)
+      else:
+        assert link.group(1) in documented, (package, name, link.group(1))
