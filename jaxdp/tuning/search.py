@@ -55,8 +55,8 @@ def random_search(trainable: Trainable, search_space: Optional[Mapping[str, Sequ
     trainable: the base `TrainConfig` (its task trained with jaxdp's engine and accounted from
       its configurations), a ready `SearchSpace` (then `search_space` is None), or a
       `TrainFunction`: `train_fn(hparams, seed) -> (score, artifact)` called once per
-      candidate, accounted by its `dp_event_fn(hparams) -> DpEvent` (docs/guides/
-      tune_any_trainer.md; the contract is below).
+      candidate, accounted by its `dp_event_fn(hparams) -> DpEvent`
+      (docs/guides/tune_any_trainer.md; the contract is below).
     search_space: grid name -> non-empty sequence of values (`jaxdp.sweep.SearchSpace`); for a
       `TrainFunction`, the hyperparameters it is called with (every combination, a dict).
     data: a `jaxdp.data.Dataset`: private training split; the score reads the public test split,
