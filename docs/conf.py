@@ -22,6 +22,7 @@ author = "the jaxdp authors"
 copyright = "the jaxdp authors"  # noqa: A001  (Sphinx's configuration name)
 release = version = "0.1.0"
 
+# No intersphinx: a build must never need the network (CI has none).
 extensions = [
     "myst_nb",  # Markdown pages (MyST) and .ipynb notebooks
     "sphinx.ext.autodoc",
@@ -30,7 +31,7 @@ extensions = [
     "sphinx.ext.mathjax",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "**/.ipynb_checkpoints", "README.md"]
+exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
 root_doc = "index"
 
 # The notebooks are executed by the slow tests (tests/notebooks), with a small
@@ -59,11 +60,6 @@ default_role = "code"
 
 html_theme = "furo"
 html_title = "jaxdp"
-templates_path = []
-html_static_path = []
-
-# A build must never need the network: no intersphinx inventories.
-suppress_warnings = []
 
 
 def _copy_notebooks() -> None:
