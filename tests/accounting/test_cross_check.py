@@ -134,3 +134,27 @@ def test_cli_cross_check_reports_a_refused_event_and_refuses_conflicting_flags(c
   for extra in (["--method", "rdp"], ["--epsilon", "1.0"], ["--plan", "3"]):
     assert cli.main(["account", "--base", "pure:eps=0.5", "--cross-check"] + extra) == 2
     assert "--cross-check" in capsys.readouterr().err
+
+
+def test_the_guide_quotes_what_its_command_prints(capsys):
+  """docs/guides/cross_check.md: the table it quotes is the output of the command it names."""
+  page = open(os.path.join(ROOT, "docs", "guides", "cross_check.md"), encoding="utf-8").read()
+  assert len(re.findall(r"^# ", page, flags=re.M)) == 1  # one top-level title
+  command = re.search(r"^jaxdp account (.*--cross-check)$", page, flags=re.M).group(1)
+  quoted = re.search(r"^(Cross-check of: .*?)\n```", page, flags=re.M | re.S).group(1).splitlines()
+  assert cli.main(["account"] + command.split()) == 0
+  printed = capsys.readouterr().out.splitlines()
+  assert quoted[:4] == printed[:4]  # the event, delta and the header
+  number = re.compile(r"^(\S+(?: \S+)?(?: \*)?)\s+([0-9.]+|n/a)\s")
+  rows = [number.match(l).groups() for l in quoted[4:]]
+  assert [name.rstrip(" *") for name, _ in rows] == list(ALL_ROWS)
+  for (name, value), line in zip(rows, printed[4:]):
+    got = number.match(line).groups()
+    assert got[0] == name and (value == got[1] == "n/a" or float(value) == pytest.approx(float(got[1]), abs=2e-4))
+  # The prose quotes them too.
+  for value in ("3.6199", "3.1211", "2.5957", "18.7634"):
+    assert value in quoted[4] + quoted[5] + quoted[6] + quoted[7] and page.count(value) >= 2
+  # The dp_accounting-alone snippet prints the number the page gives for it.
+  snippet = re.search(r"```python\n(.*?)```", page, flags=re.S).group(1)
+  exec(compile(snippet, "cross_check.md", "exec"), {})  # pylint: disable=exec-used
+  assert capsys.readouterr().out.strip() == "3.6199"
