@@ -215,7 +215,9 @@ class TunedResult:
       ValueError: nothing was released, the result is a training function's (its artifact is
         `params`, yours to apply), or `task` is not the task the search trained.
     """
-    record = None if self.config is None else config_record(self.config)
+    # The hyperparameters the candidate trained with, as they were (the record's are JSON).
+    record = None if self.config is None else {"task": self.config.task.name,
+                                               "hparams": self.config.hparams}
     return _released_model(task, self.params, self.hyperparameters, record)
 
   def apply(self, task: Task, inputs: Any) -> Any:
@@ -349,7 +351,8 @@ class Release:
 
 def _released_model(task: Task, params: Any, hyperparameters: Optional[Mapping[str, Any]],
                     record: Optional[Mapping[str, Any]]) -> Model:
-  """`task`'s model for the released configuration `record` (`config_record`)."""
+  """`task`'s model for the released configuration `record` (`config_record`'s "task" and
+  "hparams")."""
   if hyperparameters is None or params is None:
     raise ValueError("the search released nothing (hyperparameters=None: K = 0, or no candidate "
                      "had a finite score or reached the threshold): there is no model to apply")
