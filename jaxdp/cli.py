@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="(epsilon, delta) of repeat-and-select tuning",
       description="Privacy of running a DP training K times and releasing only the best run.\n"
                   "Without --method, prints every method and marks the one 'best' uses.\n"
-                  "With --plan EPS, prints for each family of K the most candidates EPS affords.",
+                  "With --plan EPS, prints for each family of K the most candidates EPS affords.\n"
+                  "With --cross-check, prints every method beside dp_accounting's own RDP and PLD.",
       epilog="examples (60 epochs of MNIST, expected batch 256 of 60000):\n"
              "  jaxdp account --base dpsgd:q=256/60000,sigma=1.1,epochs=60 "
              "--repeat poisson:mean=10 --delta 1e-5\n"
