@@ -27,6 +27,9 @@ from jaxdp.accounting.api import rdp_curve
 from jaxdp.accounting.api import Report
 from jaxdp.accounting.api import report
 from jaxdp.accounting.calibration import calibrate_noise_grid
+from jaxdp.accounting.cross_checking import cross_check
+from jaxdp.accounting.cross_checking import CrossCheck
+from jaxdp.accounting.cross_checking import CrossCheckRow
 from jaxdp.accounting.distributions import Binomial
 from jaxdp.accounting.distributions import CappedGeometric
 from jaxdp.accounting.distributions import expected_quantile
