@@ -8,6 +8,7 @@ user, not the suite's two), so nothing of the test session leaks into it.
 """
 
 import importlib
+import inspect
 import os
 import re
 import subprocess
@@ -115,6 +116,17 @@ def test_readme_keeps_the_two_commands_and_the_quickstarts():
   # Issue 44: the quickstart search's first and second process, in the README itself.
   assert "took 55 s from interpreter start" in quick and "JAXDP_COMPILATION_CACHE_DIR" in quick
 
+
+
+@pytest.mark.parametrize("package", ["jaxdp", "jaxdp.accounting", "jaxdp.models", "jaxdp.data", "jaxdp.train",
+                                     "jaxdp.sweep", "jaxdp.tuning", "jaxdp.audit"])
+def test_every_public_name_of_a_package_is_in_its_all(package):
+  """The API reference documents `__all__`: a name a package imports for its users but leaves
+  out of `__all__` would be missing from the docs."""
+  module = importlib.import_module(package)
+  public = {n for n, v in vars(module).items()
+            if not n.startswith("_") and not inspect.ismodule(v) and n != "annotations"}
+  assert public <= set(module.__all__), sorted(public - set(module.__all__))
 
 
 def test_api_reference_documents_every_public_name_once(tmp_path):
