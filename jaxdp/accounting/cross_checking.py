@@ -159,7 +159,7 @@ def cross_check(event: dpa.DpEvent, delta: float, orders: Optional[Sequence[floa
     delta: target delta, in (0, 1).
     orders: RDP orders for the RDP-based methods, jaxdp's and dp_accounting's (default: each
       one's default grid).
-    allow_refined: whether "best" (the row marked *) may be "profile-refined".
+    allow_refined: whether "best" (the row marked `*`) may be "profile-refined".
 
   Returns:
     A `CrossCheck`; a method that refuses the event is a row that does not apply, not an error.

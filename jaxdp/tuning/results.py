@@ -114,7 +114,7 @@ class TunedResult:
   `random_search` and `threshold_search`, of a jaxdp task or of a training function
   (`SubsampledResult` extends it).
 
-  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
+  Privacy assumptions (docs/guides/privacy.md): neighbouring data sets
   differ by adding or removing one private example (training or private
   validation), which is what `event` accounts; the training set size N is
   the declared public `data.num_examples`, never counted from the rows (every
@@ -266,7 +266,7 @@ class SubsampledResult(TunedResult):
   X1; returned so callers can audit the split), `gradient_evaluations` (a
   function of K) and the `compute_ratio` it gives.
 
-  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
+  Privacy assumptions (docs/guides/privacy.md): neighbouring data sets
   differ by adding or removing one training example, as `event` accounts. The
   training set size N is the declared public `data.num_examples`, and every
   size the procedure uses derives from it and q, never from the rows drawn:
@@ -297,6 +297,7 @@ class SubsampledResult(TunedResult):
       noise only, as does the final run on an empty final set).
     final_train_size: n, the declared size of the final training set (N - m for variant 1, N
       for variant 2).
+
     variant: 1 or 2.
     q: subset sampling rate.
   """
@@ -312,7 +313,7 @@ class SubsampledResult(TunedResult):
 
 @dataclasses.dataclass(frozen=True)
 class Release:
-  """A release read back from disk (`load_release`): what a tuner's result `save`d.
+  """A release read back from disk (`load_release`): what a tuner's result saved (`save`).
 
   Attributes:
     kind: the result type that saved it ("TunedResult", "SubsampledResult").

@@ -66,7 +66,7 @@ def test_the_page_shows_the_recipe_that_runs(tmp_path):
   page = open(PAGE, encoding="utf-8").read()
   source = open(release_recipe.__file__, encoding="utf-8").read()
   included = re.findall(r"```\{literalinclude\} ../../examples/release_recipe.py\n"
-                        r":start-after: # \[(\w+)\]\n:end-before: # \[/\1\]", page)
+                        r':start-after: "# \[(\w+)\]"\n:end-before: "# \[/\1\]"', page)
   assert included == ["tune", "apply"]
   for part in included:
     assert f"# [{part}]\n" in source and f"# [/{part}]\n" in source
