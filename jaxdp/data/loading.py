@@ -114,10 +114,10 @@ class Dataset:
       means q = b/N. It is an input of the mechanism, never read from the
       private rows: `train` may hold any number of rows (a neighbouring data
       set holds N +- 1) and the guarantee is for adding or removing one
-      example at this N (README, "Privacy assumptions"). The loaders declare
+      example at this N (docs/guides/privacy.md). The loaders declare
       the published size of the split.
     name: a label for messages and results.
-    num_classes: for labelled `DataSplit`s, labels are checked to lie in
+    num_classes: for labelled `DataSplit` data, labels are checked to lie in
       [0, num_classes); None skips the check.
   """
   train: Any

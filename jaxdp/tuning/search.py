@@ -58,8 +58,8 @@ def random_search(trainable: Trainable, search_space: Optional[Mapping[str, Sequ
     trainable: the base `TrainConfig` (its task trained with jaxdp's engine and accounted from
       its configurations), a ready `SearchSpace` (then `search_space` is None), or a
       `TrainFunction`: `train_fn(hparams, seed) -> (score, artifact)` called once per
-      candidate, accounted by its `dp_event_fn(hparams) -> DpEvent` (README, "Tune any
-      trainer"; the contract is below).
+      candidate, accounted by its `dp_event_fn(hparams) -> DpEvent`
+      (docs/guides/tune_any_trainer.md; the contract is below).
     search_space: grid name -> non-empty sequence of values (`jaxdp.sweep.SearchSpace`); for a
       `TrainFunction`, the hyperparameters it is called with (every combination, a dict).
     data: a `jaxdp.data.Dataset`: private training split; the score reads the public test split,
@@ -97,6 +97,7 @@ def random_search(trainable: Trainable, search_space: Optional[Mapping[str, Sequ
     - It raises only for reasons the data do not decide: an exception stops the search
       (`jaxdp.sweep.TrainFunctionError`), which would reveal them. A numerical failure should
       return a non-finite score: it counts as the worst.
+
   What is checked: every grid point's event (a DpEvent, the same on two calls, that some
   accounting method supports); each return is a (score, artifact) tuple with a real score; a
   `run_dir` is refused for another key, grid, law of K, either function (its code and what it
@@ -232,10 +233,10 @@ def threshold_search(trainable: Trainable, search_space: Optional[Mapping[str, S
   depends on the data: `result.unreleased.num_candidates`).
 
   Args:
-    trainable, search_space, data, key, target_delta, target_epsilon, initial_params,
-      run_config: as in `random_search` (a training function's contract included); a rerun on
-      a `run_dir` replays the same candidates and stop decisions and resumes at the first
-      candidate not yet stored.
+    trainable: as in `random_search` (a training function's contract included), and so are
+      `search_space`, `data`, `key`, `target_delta`, `target_epsilon`, `initial_params` and
+      `run_config`; a rerun on a `run_dir` replays the same candidates and stop decisions and
+      resumes at the first candidate not yet stored.
     threshold: a finite score to reach (the task's or the function's score).
     distribution: the law of the number of candidates when none reaches the threshold:
       `acc.Geometric(gamma=stop_prob)` (stop with probability gamma in (0, 1) after each failed

@@ -182,10 +182,12 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace],
       final set is a valid outcome.
 
   Example:
-    res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data,
-                            subset=SubsetTuning(q=0.2, variant=1), distribution=acc.Poisson(5),
-                            key=jax.random.key(0))
-    res.epsilon, res.score, res.unreleased.compute_ratio  # the last not for publication
+    ::
+
+      res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data,
+                              subset=SubsetTuning(q=0.2, variant=1), distribution=acc.Poisson(5),
+                              key=jax.random.key(0))
+      res.epsilon, res.score, res.unreleased.compute_ratio  # the last not for publication
   """
   # Every argument is checked before the subset is drawn, K is drawn or
   # anything trains, so whether the call fails never depends on the draws.

@@ -57,24 +57,26 @@ def test_opacus_search_resumes_and_accounts_what_opacus_ran(tmp_path):
   assert all(np.array_equal(second.artifact[k], first.artifact[k]) for k in first.artifact)
 
 
-def test_readme_tune_any_trainer_snippet_runs_and_prints_what_the_readme_quotes():
-  """The section's snippet, run here, and the numbers it quotes for the example's command.
+def test_guide_tune_any_trainer_snippet_runs_and_prints_what_the_guide_quotes():
+  """The guide's snippet (docs/guides/tune_any_trainer.md), run here, and the numbers it quotes
+  for the example's command.
 
   Tolerances: sigma is the root of a calibration to 0.1% (`acc.noise_for`'s rtol), over epsilons
   that differ between machines in their last bits, so it may land elsewhere within that 0.1%:
   sigma and epsilon to 2e-3 relative; the score (accuracy on 169 examples) to one example."""
   import os  # pylint: disable=g-import-not-at-top
   import re  # pylint: disable=g-import-not-at-top
-  readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
-  section = readme.split("## Tune any trainer\n", 1)[1].split("\n## ", 1)[0]
+  guide = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guides", "tune_any_trainer.md")
+  section = open(guide, encoding="utf-8").read()
+  assert section.startswith("# Tune any trainer\n")
   code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
   quoted = json.loads(re.search(r"```text\n(.*?)```", section, re.S).group(1))
   scope = {}
-  exec(compile(code, "README.md", "exec"), scope)  # pylint: disable=exec-used
+  exec(compile(code, guide, "exec"), scope)  # pylint: disable=exec-used
   result = scope["result"]
   assert result.hyperparameters == pytest.approx(quoted["hyperparameters"], rel=2e-3)
   assert result.epsilon == pytest.approx(quoted["epsilon"], rel=2e-3) and result.epsilon <= 2.0
-  # K is not in the printed release: the README names it in the text ("K (8 here)").
+  # K is not in the printed release: the guide names it in the text ("K (8 here)").
   assert f"K ({result.unreleased.num_candidates} here)" in " ".join(section.split())
   assert "num_candidates" not in quoted and "seed" not in quoted
   assert abs(result.score - quoted["score"]) <= 1 / 169 + 1e-4
