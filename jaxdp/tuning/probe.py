@@ -21,10 +21,12 @@ validation split is stood in for by one row of zeros): the numbers printed
 depend on no private value. A probe's
 parameters and noise are discarded; only its wall time is kept.
 
-**What it estimates.** K is secret, so the estimate uses K's public law only:
+**What it estimates.** K is secret, so the estimate uses K's public law only::
+
   compilation = sum over groups of P(a candidate is drawn from the group) x its compile_s,
       with P = 1 - E[(1 - w)^K] = 1 - pgf(1 - w), w the group's share of the grid points;
   DP steps    = E[K] x sum over groups of w x steps x step_s.
+
 It assumes one candidate at a time on one device (more devices, or candidates
 vmapped on an accelerator, run faster) and no scoring or checkpoint time.
 """
