@@ -25,6 +25,7 @@ import sys
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
+import numpy as np
 from tqdm.auto import tqdm
 
 from jaxdp import _validate
@@ -34,9 +35,11 @@ from jaxdp.sweep.build import Trainable
 from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.trainers import check as check_trainer
 from jaxdp.sweep.store import CandidateStore, check_run_dir
+from jaxdp.sweep.task_plan import TaskPlan
 from jaxdp.tuning import _args
 from jaxdp.tuning import draws
 from jaxdp.tuning import planning
+from jaxdp.tuning import probe as probe_lib
 from jaxdp.tuning.results import TunedResult, Unreleased
 from jaxdp.tuning.run_config import RunConfig, run_config as checked_run_config
 
@@ -169,7 +172,7 @@ def dry_run(trainable: Trainable, search_space: Optional[Mapping[str, Sequence]]
             data: Optional[Dataset] = None, *, distribution: acc.KDistribution,
             key: Optional[jax.Array] = None, target_delta: float = 1e-5,
             target_epsilon: Optional[float] = None, initial_params: Any = None,
-            run_config: Optional[RunConfig] = None) -> planning.DryRun:
+            run_config: Optional[RunConfig] = None, probe: bool = False) -> planning.DryRun:
   """What `random_search` with these arguments would do, without training anything.
 
   Takes every argument `random_search` takes (`key` may be left out: the plan does not depend
@@ -177,18 +180,42 @@ def dry_run(trainable: Trainable, search_space: Optional[Mapping[str, Sequence]]
   shapes, `initial_params` against every model, the trainer, and a `run_dir` that holds another
   search (`SearchMismatchError`, read only: nothing is written there). Calibrates the noise for
   `target_epsilon` if given. Returns a `planning.DryRun`: epsilon of the whole search, K's law
-  (mean, P(K=0), quantiles), the groups that will compile and each layer's clipping path, and
-  the expected compute (E[K] x steps, E[K] x steps x q N per-example gradients). A training
-  function is never called: its every grid point's `dp_event_fn` is, and the report names the
-  function (E[calls] = E[K]). `print` it.
+  (mean, P(K=0), quantiles), the expected compute (E[K] x steps, E[K] x steps x q N
+  per-example gradients), and per compiled group its trainable and frozen parameters, what
+  `initial_params` holds and how many leaves take each clipping path (`format(verbose=True)`
+  names each). A training function is never called: its every grid point's `dp_event_fn` is,
+  and the report names the function (E[calls] = E[K]). `print` it.
+
+  Time: by default the report states no wall time, only how to measure it: the dry run
+  compiles nothing (it stays a matter of seconds on a large model), and a time not measured
+  on this machine would be a guess. `probe=True` compiles each group's program and times a
+  few of its DP steps on public stand-in data (`jaxdp.tuning.probe`: the test split's rows,
+  never the private ones), then states the expected wall time from K's public law (E[K], and
+  the chance each group is drawn), never from a drawn K; this costs each group's compilation.
+
+  Raises:
+    ValueError: any argument `random_search` refuses; `probe` not a bool, or True for a
+      training function (which a dry run never calls).
   """
+  if not isinstance(probe, (bool, np.bool_)):
+    raise ValueError(f"probe must be a bool (True or False), got {probe!r}")
+  key = jax.random.key(0) if key is None else key
   plan, accounting, run, fingerprint = _random_search_plan(
-      trainable, search_space, data, distribution=distribution,
-      key=jax.random.key(0) if key is None else key, target_delta=target_delta,
-      target_epsilon=target_epsilon, initial_params=initial_params, run_config=run_config)
+      trainable, search_space, data, distribution=distribution, key=key,
+      target_delta=target_delta, target_epsilon=target_epsilon, initial_params=initial_params,
+      run_config=run_config)
   if run.run_dir is not None:  # what the search would refuse there (read only)
     check_run_dir(plan, run.run_dir, fingerprint)
-  return planning.dry_run_report(plan, accounting, distribution)
+  timings = ()
+  if probe:
+    if not isinstance(plan, TaskPlan):
+      raise ValueError("probe=True times a task's compiled groups; a dry run never calls a "
+                       "training function, so it has nothing to time (give probe=False)")
+    # The probe's noise and batches are discarded (only its wall time is kept): any key of the
+    # search's implementation, whose cost per step is the search's, will do.
+    probe_key = jax.random.key(0, impl=jax.random.key_impl(key))
+    timings = probe_lib.probe(plan.group_runs(), plan.data, probe_key)
+  return planning.dry_run_report(plan, accounting, distribution, timings)
 
 
 def threshold_search(trainable: Trainable, search_space: Optional[Mapping[str, Sequence]] = None,

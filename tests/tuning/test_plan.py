@@ -126,7 +126,9 @@ def test_dry_run_takes_every_argument_random_search_takes(user_config, user_data
   assert not run_dir.exists()
   assert len(report.groups) == 2 and report.epsilon == pytest.approx(
       acc.epsilon(acc.RepeatAndSelect(user_config.dp_event(user_data.num_examples), REPS), 1e-5))
-  assert "clipping params/hidden/kernel: ghost" in str(report)
+  assert "clipping params/hidden/kernel: ghost" in report.format(verbose=True)
+  # The public start holds the output bias only: named by module, in every group's summary.
+  assert str(report).count("    initial_params: 1 of 4 leaves: some of out; none of hidden\n") == 2
 
 
 @pytest.mark.slow  # three searches trained: about 13 s
