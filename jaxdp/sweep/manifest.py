@@ -132,7 +132,7 @@ def mismatch_message(run_dir: str, parts: Sequence[str], lines: Sequence[str], w
   """A run directory's refusal: the parts that differ, the changes (as many as fit in `LIMIT`
   characters, then how many more), `why` it is refused and the way out."""
   shown = run_dir if len(run_dir) <= 120 else "..." + run_dir[-117:]
-  head = f"run directory {shown!r} holds another search (differs in: {', '.join(parts)}):"
+  head = f"run directory {shown!r} holds a different search or sweep (differs in: {', '.join(parts)}):"
   tail = (f"\n{why} Use a new run_dir, or delete this one to start over; rerun the identical "
           "search to resume.")
   body, room = [], LIMIT - len(head) - len(tail) - 20

@@ -43,7 +43,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
+
+from tqdm.auto import tqdm
 
 from jaxdp.sweep.checkpoints import DIRNAME as CHECKPOINTS, Checkpoints
 from jaxdp.sweep.manifest import ABSENT, difference, mismatch_message
@@ -331,5 +334,18 @@ def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: 
   with CandidateStore(plan, run_dir=run_dir, fingerprint=fingerprint,
                       points=[c.point for c in candidates], trainer=trainer,
                       keep_params=False) as store:
+    _report_resumed(store.pool, candidates)
     store.fill(candidates)
   return store.pool
+
+
+def _report_resumed(pool: ResultPool, candidates: Sequence[Candidate]) -> None:
+  """The line a rerun of `run_sweep` prints: how many of `candidates` it read back, and how many
+  remain. The count is of the caller's own list (a fixed, public grid of candidates x seeds:
+  `grid_candidates`), not of a private search's draw (K), which `CandidateStore` never prints."""
+  held = len({c.id for c in candidates} & pool.done_ids())
+  if held:
+    left = len(candidates) - held
+    tqdm.write(f"run_sweep: resumed {held} of {len(candidates)} candidates from {pool.run_dir} "
+               f"(stored by an earlier run); {f'training the other {left}' if left else 'nothing left to train'}",
+               file=sys.stderr)

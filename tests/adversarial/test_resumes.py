@@ -382,13 +382,19 @@ def test_run_sweep_resumes_an_identical_sweep_without_training(swept, data):
   assert pool.done_ids() == {c.id for c in _candidates()} and _files(swept) == before
 
 
-def test_run_sweep_grows_by_points_and_seeds_of_the_same_mechanism(data, tmp_path):
+def test_run_sweep_grows_by_points_and_seeds_of_the_same_mechanism(data, tmp_path, capsys):
   fp = SWEEP_FP
   trained = []
   run_sweep(_candidates(), data, tmp_path, fp, trainer=fake_trainer(trained))
+  assert "resumed" not in capsys.readouterr().err  # a new pool: nothing to resume
   more = _candidates({"learning_rate": [0.05, 0.2, 0.8]}, seeds=(0, 1))
   pool = run_sweep(more, data, tmp_path, fp, trainer=fake_trainer(trained))
   assert len(trained) == 6 and pool.done_ids() == {c.id for c in more}
+  # Issue 45: a rerun says what it read back of the (public, fixed) grid and what remains.
+  assert (f"run_sweep: resumed 2 of 6 candidates from {tmp_path} (stored by an earlier run); "
+          "training the other 4") in capsys.readouterr().err
+  run_sweep(more, data, tmp_path, fp, trainer=refusing)
+  assert "resumed 6 of 6 candidates from" in capsys.readouterr().err
   # The new point is recorded: changing its mechanism now is refused too.
   with pytest.raises(SearchMismatchError,
                      match=r"differs in: programs\):\n  - program: .* \(at grid point \{\"learning_rate\":0.8\}\)"):
