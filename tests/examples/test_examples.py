@@ -3,6 +3,7 @@
 
 import importlib
 import json
+import sys
 
 import jax
 import numpy as np
@@ -27,6 +28,21 @@ def test_examples_have_help(module, capsys):
   with pytest.raises(SystemExit) as done:
     mod.main(["--help"])
   assert done.value.code == 0 and "--target-epsilon" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("missing", ["torch", "opacus"])
+def test_opacus_search_without_pytorch_names_the_cpu_wheel(missing, monkeypatch):
+  # Issue 45: `pip install -e '.[opacus]'` pulls the CUDA build of PyTorch unless the CPU wheel
+  # is installed first; the example says so when either package is missing.
+  from examples import opacus_search  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(sys.modules, missing, None)  # `import <missing>` raises ImportError
+  steps = (r"\n  pip install torch --index-url https://download\.pytorch\.org/whl/cpu\n"
+           r"  pip install -e '\.\[opacus\]'\n\(the import failed: ")
+  with pytest.raises(ImportError, match=r"needs PyTorch and Opacus .*CPU wheel first.*:" + steps):
+    opacus_search.main(["--target-epsilon", "3"])  # before any search starts
+  hparams = {k: v[0] for k, v in dict(opacus_search.GRID, noise_multiplier=[2.0]).items()}
+  with pytest.raises(ImportError, match=steps):
+    opacus_search.train_fn(hparams, 0)
 
 
 @pytest.mark.slow  # PyTorch's import and six Opacus runs: about 15 s
