@@ -3,8 +3,10 @@
 The manifest (`jaxdp.sweep.pool.MANIFEST`) holds a search's fingerprint (what
 decides its draws and its release) and its mechanism per grid point (each
 point's configuration, DpEvent and program digest). A search opened on a run
-directory of another is refused, naming the first place they differ (never a
-digest of a secret: `SECRET_FIELDS`).
+directory of another is refused by a diff, one `name: stored X, now Y` line per
+change (nested names flattened, a change at every grid point said once), under
+`LIMIT` characters; a secret (`SECRET_FIELDS`) or a program's digest is named by
+what it is, never shown.
 """
 
 from __future__ import annotations
