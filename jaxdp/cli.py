@@ -211,8 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
   target.add_argument("--epsilon", type=float, help="target epsilon >= 0; prints delta instead")
   p.add_argument("--plan", type=float, metavar="EPS",
                  help="budget epsilon > 0: per family of K (Poisson, geometric, logarithmic,\n"
-                           "TNB eta=0.5, fixed), the largest E[K], P(K=0) and the expected\n"
-                           "quantile of the released run (at --delta, default 1e-5)")
+                      "TNB eta=0.5, fixed), at --delta (default 1e-5):\n"
+                      "  max E[K]: the largest expected number of candidates for which the\n"
+                      "    whole search still meets the budget (fixed: the largest k); an\n"
+                      "    upper limit, not advice (check your own mean with --repeat)\n"
+                      "  P(K=0): the chance that the search draws no candidate, releasing nothing\n"
+                      "  E[quantile]: the released run's expected quantile among the candidates'\n"
+                      "    scores (higher is better)\n"
+                      "  epsilon: the whole search's epsilon at max E[K] (at most the budget)")
   p.add_argument("--method", choices=acc.ALL_METHODS,
                  help="accounting method; 'best' takes the minimum over all that apply")
   p.add_argument("--cross-check", action="store_true",

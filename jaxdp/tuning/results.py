@@ -49,6 +49,19 @@ ARRAYS = "arrays.npz"
 FORMAT = "jaxdp-release-1"
 
 
+class NothingReleasedWarning(UserWarning):
+  """A search released nothing (`TunedResult.hyperparameters` is None): the mechanism as
+  designed, not a failure (its epsilon is spent all the same)."""
+
+
+def nothing_released(tuner: str, why: str, remedy: str) -> str:
+  """The `NothingReleasedWarning` text: which search, `why` it can release nothing (the same
+  words for every way it can happen) and the `remedy` that makes it rarer."""
+  return (f"{tuner} released nothing (hyperparameters, params: None; score: nan): {why}. This "
+          f"is the mechanism working as designed, and its epsilon is spent all the same. "
+          f"{remedy}").rstrip()
+
+
 @dataclasses.dataclass(frozen=True, eq=False, repr=False, slots=True)
 class Unreleased:
   """What a search computed that its epsilon does NOT cover: never publish any of it.

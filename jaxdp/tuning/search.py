@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import warnings
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
@@ -40,7 +41,7 @@ from jaxdp.tuning import _args
 from jaxdp.tuning import draws
 from jaxdp.tuning import planning
 from jaxdp.tuning import probe as probe_lib
-from jaxdp.tuning.results import TunedResult, Unreleased
+from jaxdp.tuning.results import NothingReleasedWarning, TunedResult, Unreleased, nothing_released
 from jaxdp.tuning.run_config import RunConfig, run_config as checked_run_config
 
 
@@ -115,7 +116,25 @@ def random_search(trainable: Trainable, search_space: Optional[Mapping[str, Sequ
                       trainer=run.trainer) as store:
     cands = draws.draw_search(plan, distribution, key)
     results = store.train(cands)
-  return released(plan, accounting, store, cands, results, draws.best_index(results))
+  chosen = draws.best_index(results)
+  if chosen is None:
+    warn_nothing_released("random_search", distribution)
+  return released(plan, accounting, store, cands, results, chosen)
+
+
+def warn_nothing_released(tuner: str, distribution: acc.KDistribution) -> None:
+  """Warns that a Papernot-Steinke search (`tuner`) released nothing.
+
+  The empty release is public (it is what epsilon covers), and the warning says no more than
+  it: the same words whether K = 0 was drawn or no candidate's score was finite (which of the
+  two happened is not covered by epsilon), and P(K=0) is a property of the public law of K.
+  """
+  remedy = ("A law of K with no mass at 0 (acc.Geometric, acc.Logarithmic: truncated negative "
+            "binomials, or acc.Fixed) never draws K = 0." if distribution.prob_zero > 0 else "")
+  warnings.warn(nothing_released(
+      tuner, f"either K = 0 candidates were drawn (P(K=0) = {distribution.prob_zero:.3g} under "
+      f"{distribution}) or no candidate's score was finite", remedy),
+      NothingReleasedWarning, stacklevel=3)
 
 
 def _random_search_plan(trainable, search_space, data, *, distribution, key, target_delta,
@@ -277,6 +296,13 @@ def threshold_search(trainable: Trainable, search_space: Optional[Mapping[str, S
         break
       if draws.stops(stop_key, stop_prob):
         break
+  if chosen is None:
+    # The empty release is public; the same words whether the stop coin or the cap stopped it.
+    warnings.warn(nothing_released(
+        "threshold_search", f"no candidate's score reached the threshold {threshold:g} before "
+        f"the search stopped ({distribution})", "A lower threshold, or a law of K that stops "
+        "later (a smaller stop probability), makes that rarer."),
+        NothingReleasedWarning, stacklevel=2)
   return released(plan, accounting, store, cands, results, chosen)
 
 

@@ -210,6 +210,9 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace],
     cands = draws.draw_search(args.plan, args.distribution, search_key)
     results = store.train(cands)
     best = draws.best_index(results)
+    if best is None:  # the final run still trains, at the first grid point (data-independent)
+      search_lib.warn_nothing_released("subsampled_search's random search on the subset",
+                                        args.distribution)
     chosen = args.plan.run_of(cands[best].config if best is not None else args.plan.configs[0])
     final_config, factor = extrapolate(chosen.config, args.m, args.n)
     final_data = _split(args.data, final_mask, "X \\ X1" if args.subset.variant == 1 else "X",

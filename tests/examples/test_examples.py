@@ -3,6 +3,7 @@
 
 import importlib
 import json
+import sys
 
 import jax
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from examples import dp_logistic_regression
 from jaxdp import accounting as acc
-from jaxdp.tuning import random_search, RunConfig
+from jaxdp.tuning import random_search, RunConfig, TrainFunction
 
 
 def test_numpy_example_main_prints_the_release_as_json(capsys):
@@ -29,6 +30,21 @@ def test_examples_have_help(module, capsys):
   assert done.value.code == 0 and "--target-epsilon" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("missing", ["torch", "opacus"])
+def test_opacus_search_without_pytorch_names_the_cpu_wheel(missing, monkeypatch):
+  # Issue 45: `pip install -e '.[opacus]'` pulls the CUDA build of PyTorch unless the CPU wheel
+  # is installed first; the example says so when either package is missing.
+  from examples import opacus_search  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(sys.modules, missing, None)  # `import <missing>` raises ImportError
+  steps = (r"\n  pip install torch --index-url https://download\.pytorch\.org/whl/cpu\n"
+           r"  pip install -e '\.\[opacus\]'\n\(the import failed: ")
+  with pytest.raises(ImportError, match=r"needs PyTorch and Opacus .*CPU wheel first.*:" + steps):
+    opacus_search.main(["--target-epsilon", "3"])  # before any search starts
+  hparams = {k: v[0] for k, v in dict(opacus_search.GRID, noise_multiplier=[2.0]).items()}
+  with pytest.raises(ImportError, match=steps):
+    opacus_search.train_fn(hparams, 0)
+
+
 @pytest.mark.slow  # PyTorch's import and six Opacus runs: about 15 s
 def test_opacus_search_resumes_and_accounts_what_opacus_ran(tmp_path):
   pytest.importorskip("opacus", reason="the Opacus example needs: pip install -e '.[opacus]'")
@@ -43,18 +59,18 @@ def test_opacus_search_resumes_and_accounts_what_opacus_ran(tmp_path):
   def counted(hp, seed):
     calls.append(seed)
     return opacus_search.train_fn(hp, seed)
-  args = dict(distribution=acc.Poisson(mean=3), key=jax.random.key(0), dp_event=opacus_search.dp_event,
-              target_epsilon=3.0, noise_parameter="noise_multiplier",
+  function = TrainFunction(counted, opacus_search.dp_event, noise_parameter="noise_multiplier")
+  args = dict(distribution=acc.Poisson(mean=3), key=jax.random.key(0), target_epsilon=3.0,
               run_config=RunConfig(run_dir=str(tmp_path)))
-  first = random_search(counted, opacus_search.GRID, **args)
+  first = random_search(function, opacus_search.GRID, **args)
   assert len(calls) == first.unreleased.num_candidates >= 1 and first.epsilon <= 3.0
   assert first.epsilon == acc.epsilon(acc.RepeatAndSelect(acc.UniformCandidates(
       [acc.dpsgd_event(1 / 8, first.noise_multiplier, 40), acc.dpsgd_event(1 / 4, first.noise_multiplier, 20)]),
       acc.Poisson(mean=3)), 1e-5)
   del calls[:]
-  second = random_search(counted, opacus_search.GRID, **args)
+  second = random_search(function, opacus_search.GRID, **args)
   assert calls == [] and second.score == first.score
-  assert all(np.array_equal(second.artifact[k], first.artifact[k]) for k in first.artifact)
+  assert all(np.array_equal(second.params[k], first.params[k]) for k in first.params)
 
 
 def test_guide_tune_any_trainer_snippet_runs_and_prints_what_the_guide_quotes():
