@@ -17,8 +17,12 @@ Printed, in one process: `plan_runs_s` and `dry_run_s`, the median of
 before is reused; the first timing, which also warms JAX's own caches, is
 dropped); `*_cpu_s`, the same calls' CPU time in this process (tracing is
 single-threaded Python: on a machine shared with other work, this is the
-wall time it would take alone); and `loss_traces`: how many times one
-`plan_runs` called the loss (each call is one trace of it).
+wall time it would take alone); `loss_traces`: how many times one
+`plan_runs` called the loss (each call is one trace of it); and
+`plan_runs_cpu_breakdown_s`: where its CPU time goes (`_STAGES`: the
+clipping analysis's forward traces of the loss; the gradient traces, of
+`auto`'s working set and of the memory estimate; the model's init; the
+optimizer's concreteness; the checks' model on two rows, score and DP step).
 
 `--quick` (V = 512, width 32, sequence 16, one block, one repeat) only checks
 that the script still runs; its numbers mean nothing.
@@ -79,6 +83,58 @@ def _timed(fn, repeats: int) -> tuple:
   return statistics.median(wall[1:]), statistics.median(cpu[1:])  # the first also warms JAX's caches
 
 
+#: Where one plan_runs spends its CPU time: (label, module, attribute) of the functions timed.
+_STAGES = (
+    ("analysis_forward_traces", "jaxdp.train.ghost_analysis", ("_discover", "_check_sole_use")),
+    ("gradient_traces", "jaxdp.train.microbatching", ("per_example_bytes",)),
+    ("model_init", "jaxdp.train.loop_spec", ("_params_once",)),
+    ("optimizer_concreteness", "jaxdp.train.task", ("Task.concrete_hparams",)),
+    ("check_model_on_two_rows", "jaxdp.train.checks", ("_model_on",)),
+    ("check_score", "jaxdp.train.checks", ("_check_score",)),
+    ("check_dp_step", "jaxdp.train.checks", ("_check_step",)),
+)
+
+
+def _breakdown(fn, repeats: int) -> dict:
+  """CPU seconds per stage of `fn()` (`_STAGES`, median over `repeats` calls after one warm-up);
+  functions absent from this version of jaxdp are left out."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  from jaxdp import clear_caches  # pylint: disable=g-import-not-at-top
+  spent: dict = {}
+  patched = []
+
+  def timed(label, inner):
+    def wrapper(*args, **kwargs):
+      start = time.process_time()
+      try:
+        return inner(*args, **kwargs)
+      finally:
+        spent[label] = spent.get(label, 0.0) + time.process_time() - start
+    return wrapper
+
+  for label, module_name, names in _STAGES:
+    for name in names:
+      owner = importlib.import_module(module_name)
+      *path, attr = name.split(".")
+      for part in path:
+        owner = getattr(owner, part)
+      if hasattr(owner, attr):
+        patched.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, timed(label, getattr(owner, attr)))
+  runs = []
+  try:
+    for _ in range(repeats + 1):
+      clear_caches()
+      spent.clear()
+      fn()
+      runs.append(dict(spent))
+  finally:
+    for owner, attr, original in reversed(patched):
+      setattr(owner, attr, original)
+  return {label: statistics.median(r.get(label, 0.0) for r in runs[1:]) for label, _, _ in _STAGES
+          if any(label in r for r in runs)}
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--vocab", type=int, default=32768, help="vocabulary size V")
@@ -100,6 +156,7 @@ def main(argv=None) -> int:
   calls[0] = 0
   plan_runs([config], data)
   traces = calls[0]
+  breakdown = _breakdown(lambda: plan_runs([config], data), args.repeats)
   grid = {"learning_rate": [1e-3, 3e-3]}
   report = []
   dry_s, dry_cpu_s = _timed(lambda: report.append(str(dry_run(config, grid, data, distribution=acc.Poisson(mean=3)))),
@@ -108,7 +165,7 @@ def main(argv=None) -> int:
       "command": "python -m benchmarks.plan_overhead" + (" --quick" if args.quick else ""),
       "vocab": args.vocab, "width": args.width, "depth": args.depth, "length": args.length,
       "examples": EXAMPLES, "repeats": args.repeats, "plan_runs_s": plan_s, "plan_runs_cpu_s": plan_cpu_s,
-      "loss_traces": traces, "dry_run_s": dry_s, "dry_run_cpu_s": dry_cpu_s, "dry_run_clipping_lines": report[-1].count("clipping "),
+      "loss_traces": traces, "plan_runs_cpu_breakdown_s": breakdown, "dry_run_s": dry_s, "dry_run_cpu_s": dry_cpu_s, "dry_run_clipping_lines": report[-1].count("clipping "),
       "quick": bool(args.quick), "cpu_count": os.cpu_count()}))
   return 0
 
