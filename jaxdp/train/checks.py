@@ -281,7 +281,8 @@ def _check_step(spec: LoopSpec, params: PyTree, traces: ProgramTraces, data: Dat
   traced = {k: scalar for k in spec.traced_names}
   if traces.per_example_bytes is not None:
     trained, _ = trainable_lib.partition(traces.params, traces.mask)
-    # The clipped sums are float32 or wider (`clipping.weighted_sum`): the optimizer steps on those.
+    # Typed as `clipping.weighted_sum` returns per-example gradient sums (float32 or wider): every
+    # sum of a float32 model, and the vmap path's of any model.
     summed = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.promote_types(p.dtype, jnp.float32)),
                           trained)
     if _optimizer_problem(spec, trained, traced, summed) is None:
