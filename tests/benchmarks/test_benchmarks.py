@@ -267,5 +267,5 @@ def test_plan_overhead_benchmark():
                          "check_model_on_two_rows", "check_score", "check_dp_step"}
   _positive_numbers(stages, list(stages))
   # One block: 2 embeddings, 4 attention projections, 2 MLP layers and the head (2 leaves each
-  # but the embeddings), 3 layer norms (2 each): every parameter's clipping path is printed.
-  assert out["dry_run_clipping_lines"] == 2 + 4 * 2 + 2 * 2 + 2 + 3 * 2
+  # but the embeddings), 3 layer norms (2 each): every parameter has its clipping path.
+  assert out["dry_run_clipping_paths"] == 2 + 4 * 2 + 2 * 2 + 2 + 3 * 2
