@@ -121,7 +121,8 @@ def test_ghost_sum_for_is_ghost_clipped_grad_sum_analysed_once_per_shape(monkeyp
   clip = jnp.float32(0.5)
   for rows in (4, 6):  # two traces of each; the number of rows is not part of the analysis
     mask = jnp.arange(rows) < rows - 1
-    got, want = summed(params, (x[:rows], y[:rows]), mask, clip), direct(params, (x[:rows], y[:rows]), mask, clip)
+    batch = (x[:rows], y[:rows])
+    got, want = summed(params, batch, mask, clip), direct(params, batch, mask, clip)
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), got, want))
   assert len(analysed) == 1 + 2  # summed: once; ghost_clipped_grad_sum: once per trace
   narrower = jax.tree.map(lambda leaf: leaf.astype(jnp.float16), params)  # other dtypes: analysed again
