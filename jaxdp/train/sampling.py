@@ -209,8 +209,8 @@ def poisson_batch_sum(key: jax.Array, fn: Callable[[jax.Array, jax.Array], PyTre
     parallelism changes only the order in which float sums are added (per
     device, then across devices), never which terms are added. How many
     microbatches run depends on B, so a step's duration does too: like the
-    job's duration, it is not covered by epsilon (README, "Timing is not
-    covered").
+    job's duration, it is not covered by epsilon (docs/guides/privacy.md,
+    "Timing is not covered").
   """
   validate_batch_sizes(padded_batch_size, microbatch_size)
   m = microbatch_size

@@ -14,7 +14,7 @@ ran (the stopping time depends only on the privatised parameters). The
 training set size N is a declared public input (`Dataset.num_examples`),
 never read from the rows: every update is divided by the expected batch size
 q*N, and an expected `batch_size` b means q = b/N, whatever number of rows
-the data holds (README, "Privacy assumptions"). A config with
+the data holds (docs/guides/privacy.md). A config with
 noise_multiplier = 0 is not private at all (epsilon = inf) and warns with
 `NotPrivateWarning` when it is built.
 """

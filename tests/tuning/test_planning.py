@@ -283,7 +283,11 @@ def test_dry_run_groups_and_compute(no_work, user_config, user_data):
     assert [(param, path) for param, path, _ in g.clipping] == [
         (f"params/{layer}/{leaf}", "ghost") for layer in ("hidden", "out") for leaf in ("bias", "kernel")]
     assert g.microbatch_size == g.padded_batch_size  # this small model fits one microbatch
-  assert text.count("    clipping params/hidden/kernel: ghost (Dense 'hidden')") == 8
+  # The summary collapses them by kind; format(verbose=True) names each, after every summary.
+  assert text.count("    clipping: ghost norms: 4 leaves") == 8 and "    clipping params/" not in text
+  detail = plan.format(verbose=True)
+  assert detail.startswith(text + "\n")
+  assert detail.count("    clipping params/hidden/kernel: ghost (Dense 'hidden')") == 8
   # What splits the groups, and why each such hyperparameter is static.
   assert all(dict(g.static_reasons) == {"width": "the model factory reads it: it builds the model "
                                                  "(its layers, parameter shapes)"} for g in groups)
