@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxdp.data import Dataset
 from jaxdp.train.plan import DpSgdPlan
+from jaxdp.train import padding
 from jaxdp.train import trainable as trainable_lib
 from jaxdp.train.program import build_evaluate, build_outputs, build_private_score, build_train_loop
 from jaxdp.train.loop_spec import LoopSpec, ProgramTraces, abstract, program_traces
@@ -177,6 +178,12 @@ def check_data(task: Task, data: Dataset) -> None:
   if task.private_score and data.private_validation is None:
     raise ValueError(f"task {task.name!r} has a DP score, which reads data.private_validation, but "
                      "it is None; give Dataset(private_validation=...)")
+  # Checked again (leaves agreeing on N, within the capacity): a Dataset may be changed after
+  # its own checks, and nothing may fail later, after K is drawn.
+  if data.num_train_rows > data.row_capacity:
+    raise ValueError(f"train holds more rows than the row capacity {data.row_capacity} of "
+                     f"num_examples={data.num_examples}")
+  padding.check_validation(task, data)
   if not task.private_score and data.test is None:
     raise ValueError(f"task {task.name!r} scores on the public test split, but data.test is None. "
                      "jaxdp never scores on the private training data: give public data as "

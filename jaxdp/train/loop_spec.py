@@ -115,10 +115,9 @@ class LoopSpec:
     auto = analyses[memo]
     static.update({name: traced.pop(name) for name in auto})
     static = _hashable_items(config.task, static)
-    # Padding is sized from the rows present (a shape, performance only);
-    # q and T above come from the declared N only. Zero rows (an empty Poisson
-    # subset) still need one padding row: shapes cannot be empty.
-    rows = max(data.num_train_rows, 1)
+    # Padding is sized from the declared N too, never from the rows present: it is a static
+    # shape of the program, which the persistent compilation cache keeps (jaxdp.train.padding).
+    rows = n
     if micro is None:
       fixed = padded is not None
       padded = padded if fixed else default_padded_batch_size(rows, q)

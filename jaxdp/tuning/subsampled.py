@@ -319,6 +319,9 @@ def _draw_subset(args: _Checked, subset_key: jax.Array) -> tuple[np.ndarray, np.
     runs on the empty set are noise only, and nothing here raises, so
     whether the call fails never depends on the draw.
   """
-  mask = np.asarray(poisson_mask(subset_key, args.data.num_train_rows, args.subset.q))
+  # Drawn over the public row capacity, then cut to the rows present on the host: row i keeps
+  # its own draw, and no program is compiled for the private row count.
+  draws = np.asarray(poisson_mask(subset_key, args.data.row_capacity, args.subset.q))
+  mask = draws[:args.data.num_train_rows]
   final_mask = ~mask if args.subset.variant == 1 else np.ones_like(mask)
   return mask, final_mask
