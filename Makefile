@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+DOCS_STAMP := $(VENV)/.docs-stamp
 
 PROFILE ?= quick
 OUT ?= figures
@@ -17,7 +18,7 @@ PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope
 AVX2_PATHS := NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR" OPENBLAS_CORETYPE=Haswell \
               XLA_FLAGS="--xla_cpu_max_isa=AVX2"
 
-.PHONY: venv test test-slow test-cpu-paths reproduce-fig7 reproduce-fig1 figures-analytic figures-profiles figures-subsampled clean
+.PHONY: venv docs test test-slow test-cpu-paths reproduce-fig7 reproduce-fig1 figures-analytic figures-profiles figures-subsampled clean
 
 venv: $(STAMP)
 
@@ -29,6 +30,15 @@ $(STAMP): pyproject.toml
 
 test: venv
 	$(PYTEST)
+
+# The documentation site (Sphinx, docs/conf.py) into docs/_build/html; any
+# warning fails it. The docs extra installs once, like the dev one.
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
 # Only the tests marked slow (the default run deselects them). pytest exits 5
 # when nothing is collected, which is not a failure here: a checkout with no
@@ -59,4 +69,4 @@ figures-subsampled: venv
 	$(PY) experiments/kk_fig1.py --out $(OUT)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info docs/_build docs/api/_generated docs/notebooks

@@ -24,7 +24,7 @@ plan_seconds: `plan` for the same base (the table of `jaxdp account --plan`:
 calibration: for each law of K in `--calibration-laws` (default Poisson,
   geometric and TNB(0.5), all with mean 3), the noise multiplier sigma that
   brings a whole search to epsilon = 2 at delta = 1e-5 by method "best":
-  DP-SGD at q = 64/350 for 55 steps (10 epochs of the README's search)
+  DP-SGD at q = 64/350 for 55 steps (10 epochs of the search in docs/guides/tune_your_own_model.md)
   composed with a NoisyMean DP score (a Gaussian, noise multiplier 5), best
   of K (`noise_for`, what `target_epsilon=` runs before a search trains).
   `seconds` is cold (a fresh subprocess); `sigma` is the answer and

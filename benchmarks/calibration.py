@@ -2,11 +2,11 @@
 
   python -m benchmarks.calibration [--quick] [--repeats R] [--baseline-root DIR]
 
-The search is the README's "Tune your own model" example (breast-cancer MLP,
+The search is the example of docs/guides/tune_your_own_model.md (breast-cancer MLP,
 grid {"learning_rate": [3e-3, 1e-2, 3e-2], "width": [8, 32]}, batch 64, 10
 epochs, N = 400 private training examples) with a DP score instead of the
 public test split: `NoisyMean` accuracy (noise multiplier 5) on 100 private
-validation examples (README, "Where the score comes from"), K ~ Poisson(3),
+validation examples (that guide, "Where the score comes from"), K ~ Poisson(3),
 target_epsilon = 3 at delta = 1e-5. Each candidate's event is DP-SGD (q =
 0.16, 63 steps) composed with the score's Gaussian, and the search's event is
 the best of K of them, accounted by method "best".

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.quick:
     args.model, args.activations, args.rows = "mlp", ["relu", "tanh"], 200
-  os.environ.pop("JAXDP_COMPILATION_CACHE_DIR", None)  # every compilation below is a real one
+  os.environ["JAXDP_COMPILATION_CACHE"] = "0"  # every compilation below is a real one
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_enable_compilation_cache", False)
   loadavg = os.getloadavg()[0]

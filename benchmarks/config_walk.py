@@ -1,7 +1,7 @@
 """Where a search's configuration travels: the walk of `config` through jaxdp's modules.
 
 Runs one durable `random_search(config, grid, data, ...,
-run_config=RunConfig(run_dir=...))` (the README's MLP on scikit-learn's
+run_config=RunConfig(run_dir=...))` (the MLP of docs/guides/tune_your_own_model.md on scikit-learn's
 breast-cancer data) under `sys.setprofile` and
 records every call of a jaxdp function that receives the configuration: a
 `TrainConfig`, or an object holding one (a `SearchSpace`, a candidate, a plan,

@@ -4,11 +4,15 @@
 
 Runs the search of the README's "Tune" quickstart (`random_search` over five
 learning rates, K ~ Poisson(5), opacus_cnn on mnist_offline, 3 epochs) in a
-first interpreter with an empty `jaxdp.train.compilation_cache` directory, then
-in a second one with what the first left there, and prints one JSON object:
-each process's wall time from start to result (imports included), the search's
-time within it, and what it released (the same in both: the same draw, the
-same programs). `--quick`: one epoch of 512 examples of digits, two rates.
+first interpreter with jaxdp's default settings (no cache variable set: the
+cache is on, in its default directory `$XDG_CACHE_HOME/jaxdp/xla`, here with
+XDG_CACHE_HOME an empty temporary directory so that your own cache is neither
+read nor written), then in a second one with what the first left there, and
+prints one JSON object: each process's wall time from start to result (imports
+included), the search's time within it, how many programs each wrote to the
+cache (the second: none, it compiles nothing new), and what it released (the
+same in both: the same draw, the same programs). `--quick`: one epoch of
+digits with a logistic regression, two rates.
 """
 
 import argparse
@@ -46,22 +50,28 @@ def main(argv=None) -> int:
   parser.add_argument("--quick", action="store_true", help="digits, logistic regression, one epoch")
   args = parser.parse_args(argv)
   runs = []
-  with tempfile.TemporaryDirectory(prefix="jaxdp-second-process-") as cache:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
-    env["JAXDP_COMPILATION_CACHE_DIR"] = cache
+  with tempfile.TemporaryDirectory(prefix="jaxdp-second-process-") as home:
+    # Default settings: no JAX or jaxdp cache variable, only a fresh XDG_CACHE_HOME.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "JAXDP_COMPILATION"))}
+    env["XDG_CACHE_HOME"] = home
+    cache = os.path.join(home, "jaxdp", "xla")
     for _ in range(2):
+      before = set(os.listdir(cache)) if os.path.isdir(cache) else set()
       proc = subprocess.run([sys.executable, "-c", _CHILD, "1" if args.quick else "0"], env=env,
                             capture_output=True, text=True, check=False)
       if proc.returncode != 0:
         print(proc.stderr, file=sys.stderr)
         return 1
       runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+      runs[-1]["new_entries"] = len(set(os.listdir(cache)) - before) if os.path.isdir(cache) else 0
   first, second = runs
   print(json.dumps({
       "command": "python -m benchmarks.second_process" + (" --quick" if args.quick else ""),
       "first_process_s": first["wall_s"], "second_process_s": second["wall_s"],
       "first_search_s": first["search_s"], "second_search_s": second["search_s"],
       "second_over_first": second["wall_s"] / first["wall_s"],
+      "first_new_entries": first["new_entries"], "second_new_entries": second["new_entries"],
       "same_release": first["release"] == second["release"], "release": first["release"],
       "quick": bool(args.quick), "cpu_count": os.cpu_count()}))
   return 0

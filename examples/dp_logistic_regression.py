@@ -3,7 +3,7 @@ in plain NumPy, tuned by `jaxdp.tuning.random_search` with the whole search's ep
 
   python -m examples.dp_logistic_regression --help
 
-The protocol (README, "Tune any trainer"): `train_fn(hparams, seed) -> (score,
+The protocol (docs/guides/tune_any_trainer.md): `train_fn(hparams, seed) -> (score,
 artifact)` trains one candidate, taking every random number from `seed`;
 `dp_event(hparams)` is the DpEvent of exactly that run. Here the run is T
 steps of Poisson-sampled DP-SGD (each example in a step's batch with

@@ -1,5 +1,6 @@
 """A private search over an Opacus (PyTorch) training function, with the whole search's epsilon.
 
+  pip install torch --index-url https://download.pytorch.org/whl/cpu   # CPU-only PyTorch first
   pip install -e '.[opacus]'        # PyTorch and Opacus: not needed by the rest of jaxdp
   python -m examples.opacus_search --help
 
@@ -19,6 +20,7 @@ Data: scikit-learn's breast-cancer set as in `examples.dp_logistic_regression`
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -29,6 +31,24 @@ from jaxdp import accounting as acc
 #: The grid: every combination is one candidate's hyperparameters (the noise is calibrated).
 GRID = {"learning_rate": [0.05, 0.2], "l2_clip_norm": [1.0], "batch_size": [50, 100], "epochs": [5],
         "width": [16]}
+
+
+#: How to install what the example needs. Without the first line, pip resolves `torch` to the
+#: CUDA build on Linux, with its CUDA libraries, which a CPU-only machine does not use.
+INSTALL = ("examples.opacus_search needs PyTorch and Opacus (jaxdp itself does not). Without a GPU, "
+           "install PyTorch's CPU wheel first, or pip fetches the CUDA build and its libraries:\n"
+           "  pip install torch --index-url https://download.pytorch.org/whl/cpu\n"
+           "  pip install -e '.[opacus]'")
+
+
+def torch_and_opacus() -> tuple:
+  """(torch, opacus.PrivacyEngine), or an ImportError that says how to install them."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    from opacus import PrivacyEngine  # pylint: disable=g-import-not-at-top
+  except ImportError as err:
+    raise ImportError(f"{INSTALL}\n(the import failed: {err})") from err
+  return torch, PrivacyEngine
 
 
 def schedule(hparams: dict) -> tuple:
@@ -47,9 +67,7 @@ def dp_event(hparams: dict):
 def train_fn(hparams: dict, seed: int) -> tuple:
   """An Opacus DP-SGD run of a one-hidden-layer MLP: (public test accuracy, its weights as
   NumPy arrays, which a run directory stores without pickle)."""
-  import torch  # pylint: disable=g-import-not-at-top
-  from opacus import PrivacyEngine  # pylint: disable=g-import-not-at-top
-
+  torch, PrivacyEngine = torch_and_opacus()
   torch.manual_seed(seed)  # the initialisation; the sampling and noise use `generator`
   generator = torch.Generator().manual_seed(seed)
   (x, y), (x_test, y_test) = load_data()["train"], load_data()["test"]
@@ -84,6 +102,8 @@ def train_fn(hparams: dict, seed: int) -> tuple:
 
 
 def main(argv=None) -> dict:
+  if not {"-h", "--help"} & set(argv if argv is not None else sys.argv[1:]):
+    torch_and_opacus()  # before the search starts (--help needs neither)
   return search_main(train_fn, dp_event, GRID, argv, description=__doc__.split("\n\n")[0],
                      target_epsilon=3.0, mean_candidates=4.0)
 

@@ -3,6 +3,7 @@
   jaxdp account --base dpsgd:q=256/60000,sigma=1.1,epochs=60 \
                 --repeat poisson:mean=10 --delta 1e-5 [--method rdp] [--json]
   jaxdp account --base dpsgd:q=256/60000,sigma=1.1,epochs=60 --plan 8
+  jaxdp account --base dpsgd:q=256/60000,sigma=1.1,epochs=30 --repeat geometric:mean=10 --cross-check
 """
 
 from __future__ import annotations
@@ -137,8 +138,8 @@ def _account(args) -> int:
   orders = _parse_orders(args.orders)
   refined = args.allow_refined
   if args.plan is not None:
-    if args.repeat or args.epsilon is not None:
-      raise ValueError("--plan chooses the distribution of K for a budget itself; drop --repeat/--epsilon")
+    if args.repeat or args.epsilon is not None or args.cross_check:
+      raise ValueError("--plan chooses the distribution of K for a budget itself; drop --repeat/--epsilon/--cross-check")
     delta = 1e-5 if args.delta is None else args.delta
     acc_validate.real("--plan", args.plan, low=0.0, low_open=True)
     result = acc.plan(base, epsilon=args.plan, delta=delta, method=args.method or "best",
@@ -147,6 +148,13 @@ def _account(args) -> int:
     return 0
   event = acc.RepeatAndSelect(base, _build(args.repeat, "repeat", _REPEATS)) if args.repeat else base
   header = {"base": args.base, "repeat": args.repeat, "orders": "custom" if orders else "default"}
+  if args.cross_check:
+    if args.method is not None or args.epsilon is not None:
+      raise ValueError("--cross-check shows every method's epsilon at --delta: drop --method/--epsilon")
+    check = acc.cross_check(event, 1e-5 if args.delta is None else args.delta, orders,
+                            allow_refined=refined)
+    print(json.dumps(dict(header, **check.to_dict()), indent=2) if args.json else str(check))
+    return 0
   if args.epsilon is not None:
     method = args.method or "best"
     value = acc.delta(event, args.epsilon, method=method, orders=orders, allow_refined=refined)
@@ -190,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="(epsilon, delta) of repeat-and-select tuning",
       description="Privacy of running a DP training K times and releasing only the best run.\n"
                   "Without --method, prints every method and marks the one 'best' uses.\n"
-                  "With --plan EPS, prints for each family of K the most candidates EPS affords.",
+                  "With --plan EPS, prints for each family of K the most candidates EPS affords.\n"
+                  "With --cross-check, prints every method beside dp_accounting's own RDP and PLD.",
       epilog="examples (60 epochs of MNIST, expected batch 256 of 60000):\n"
              "  jaxdp account --base dpsgd:q=256/60000,sigma=1.1,epochs=60 "
              "--repeat poisson:mean=10 --delta 1e-5\n"
@@ -202,10 +211,20 @@ def build_parser() -> argparse.ArgumentParser:
   target.add_argument("--epsilon", type=float, help="target epsilon >= 0; prints delta instead")
   p.add_argument("--plan", type=float, metavar="EPS",
                  help="budget epsilon > 0: per family of K (Poisson, geometric, logarithmic,\n"
-                           "TNB eta=0.5, fixed), the largest E[K], P(K=0) and the expected\n"
-                           "quantile of the released run (at --delta, default 1e-5)")
+                      "TNB eta=0.5, fixed), at --delta (default 1e-5):\n"
+                      "  max E[K]: the largest expected number of candidates for which the\n"
+                      "    whole search still meets the budget (fixed: the largest k); an\n"
+                      "    upper limit, not advice (check your own mean with --repeat)\n"
+                      "  P(K=0): the chance that the search draws no candidate, releasing nothing\n"
+                      "  E[quantile]: the released run's expected quantile among the candidates'\n"
+                      "    scores (higher is better)\n"
+                      "  epsilon: the whole search's epsilon at max E[K] (at most the budget)")
   p.add_argument("--method", choices=acc.ALL_METHODS,
                  help="accounting method; 'best' takes the minimum over all that apply")
+  p.add_argument("--cross-check", action="store_true",
+                 help="every jaxdp method's epsilon beside dp_accounting's own RDP and PLD\n"
+                      "accountants (where they accept the event), with the theorem each is\n"
+                      "and the tests that hold it to exact computations")
   p.add_argument("--allow-refined", action="store_true",
                  help="let 'best' use 'profile-refined' (opt-in: its c(eps1) is derived in\n"
                       "jaxdp, not taken from the paper)")

@@ -249,5 +249,5 @@ plt.show()
 # gradients, accounts the whole search and releases one candidate. Decide where the score comes
 # from: a public test split costs nothing but must really be public; a DP score on private
 # validation data is accounted. The training set size N is treated as public (it sets q = b/N
-# and scales every update), and the key must stay secret. See the README's "Privacy
-# assumptions" for the full list.
+# and scales every update), and the key must stay secret. See the guide "Privacy
+# assumptions" (docs/guides/privacy.md) for the full list.

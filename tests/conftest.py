@@ -136,8 +136,9 @@ def random_params():
 @pytest.fixture
 def one_download_try(monkeypatch):
   """TFDS tries a download 10 times with exponential backoff: 3.5 minutes before an offline
-  machine gets `DatasetUnavailableError` (measured). The paper-profile dry runs only need the
-  outcome, so one try; a machine with network still downloads."""
+  machine gets `DatasetUnavailableError` (measured). jaxdp fails at once when the download host
+  cannot be reached, but not behind a proxy (it does not check one). The paper-profile dry runs
+  only need the outcome, so one try; a machine with network still downloads."""
   from tensorflow_datasets.core.download import downloader  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(downloader, "MAX_RETRIES", 1)
 

@@ -187,6 +187,26 @@ def test_reproduce_dispatches_to_the_figure_scripts(tmp_path, capsys):
   assert exc.value.code == 2
 
 
+def test_the_plan_explains_every_column_in_its_output_and_its_help(capsys):
+  # Issue 45: "geometric max E[K] 1.023e+04" printed with no explanation.
+  assert cli.main(["account", "--base", "gaussian:sigma=4", "--plan", "2"]) == 0
+  table, legend = capsys.readouterr().out.split("\nEach row is one law of K")
+  header = next(line for line in table.splitlines() if line.startswith("K family"))
+  columns = ["K family", "max E[K]", "P(K=0)", "E[quantile]", "epsilon"]
+  assert header.split() == " ".join(columns).split()
+  explained = [line[2:15].strip() for line in legend.splitlines() if line.startswith("  ") and line[2] != " "]
+  assert explained == columns + ["-"]
+  assert ("the largest expected number of candidates for which the whole search is\n"
+          "               still (epsilon=2, delta=1e-05)-DP") in legend
+  assert "An upper\n               limit, not advice" in legend
+  with pytest.raises(SystemExit):
+    cli.main(["account", "--help"])
+  help_text = capsys.readouterr().out
+  for column in columns[1:]:
+    assert f"\n{' ' * 26}{column}: " in help_text, column
+  assert "largest expected number of candidates" in help_text
+
+
 def test_version_plan_and_allow_refined(capsys):
   with pytest.raises(SystemExit) as exc:
     cli.main(["--version"])

@@ -27,6 +27,9 @@ from jaxdp.accounting.api import rdp_curve
 from jaxdp.accounting.api import Report
 from jaxdp.accounting.api import report
 from jaxdp.accounting.calibration import calibrate_noise_grid
+from jaxdp.accounting.cross_checking import cross_check
+from jaxdp.accounting.cross_checking import CrossCheck
+from jaxdp.accounting.cross_checking import CrossCheckRow
 from jaxdp.accounting.distributions import Binomial
 from jaxdp.accounting.distributions import CappedGeometric
 from jaxdp.accounting.distributions import expected_quantile
@@ -68,3 +71,15 @@ from jaxdp.accounting.profiles import PrivacyProfile
 from jaxdp.accounting.rdp_accountant import CompositionAccountant
 from jaxdp.accounting.rdp_accountant import RdpSelectionAccountant
 from jaxdp.accounting.subsampled import parallel_composition
+
+__all__ = ["ALL_METHODS", "ApproxDp", "BestAccountant", "Binomial", "CappedGeometric",
+           "CompositionAccountant", "CrossCheck", "CrossCheckRow", "DEFAULT_ORDERS", "Fixed", "Geometric",
+           "KDistribution", "LiuTalwarAccountant", "Logarithmic", "MethodResult", "METHODS",
+           "NotApplicableError", "OPT_IN_METHODS", "Plan", "PlanRow", "PldAccountant", "Poisson",
+           "PrivacyProfile", "ProfileAccountant", "PureDp", "RandomStopping", "RdpCurve",
+           "RdpSelectionAccountant", "RepeatAndSelect", "Report", "ReportNoisyMax", "SelectionWithCount",
+           "SubsampledTuning", "ThresholdSelect", "TruncatedNegativeBinomial", "UniformCandidates",
+           "UnsupportedBaseError", "Zcdp", "calibrate_noise", "calibrate_noise_grid", "cross_check", "delta",
+           "describe", "dpsgd_event", "dpsgd_steps", "epsilon", "expected_quantile", "make_accountant",
+           "max_mean", "noise_for", "parallel_composition", "plan", "rdp_curve", "report",
+           "success_probability", "tail_bound", "tnb_gamma_from_mean"]

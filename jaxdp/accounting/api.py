@@ -304,15 +304,9 @@ class Report:
     return "\n".join(lines)
 
 
-def report(event, delta: float, orders: Optional[Sequence[float]] = None,  # pylint: disable=redefined-outer-name
-           *, allow_refined: bool = False) -> Report:
-  """Epsilon at `delta` by every method, marking the one "best" returns.
-
-  Opt-in methods ("profile-refined") are always shown, but count as tightest
-  only with `allow_refined=True`.
-  """
-  delta = _validate.probability("delta", delta)
-  orders = orders_for(event, orders)
+def method_results(event, delta: float, orders: Optional[Sequence[float]]) -> list:
+  """A `MethodResult` per method of `METHODS`: its epsilon and theorem, or epsilon None and
+  "not applicable: why" where it refuses the event or its theorem's condition fails."""
   results = []
   for m in METHODS:
     acct = make_accountant(m, orders=orders)
@@ -326,6 +320,18 @@ def report(event, delta: float, orders: Optional[Sequence[float]] = None,  # pyl
       results.append(MethodResult(m, None, f"not applicable: {e}"))
       continue
     results.append(MethodResult(m, eps, acct.theorem))
+  return results
+
+
+def report(event, delta: float, orders: Optional[Sequence[float]] = None,  # pylint: disable=redefined-outer-name
+           *, allow_refined: bool = False) -> Report:
+  """Epsilon at `delta` by every method, marking the one "best" returns.
+
+  Opt-in methods ("profile-refined") are always shown, but count as tightest
+  only with `allow_refined=True`.
+  """
+  delta = _validate.probability("delta", delta)
+  results = method_results(event, delta, orders_for(event, orders))
   valid = [r for r in results if r.epsilon is not None
            and (allow_refined or r.method not in OPT_IN_METHODS)]
   if not valid:

@@ -240,9 +240,26 @@ class Plan:
     for r in self.rows:
       lines.append(f"{r.family:<12} {fmt(r.max_mean, '10.4g'):>10} {fmt(r.prob_zero, '8.2g'):>8} "
                    f"{fmt(r.expected_quantile, '12.4f'):>12} {fmt(r.epsilon, '9.4f'):>9}")
-    lines += ["", "E[quantile]: the released run's expected quantile among all candidates' scores "
-                  "(Papernot & Steinke Sec. 3.6); higher means a better chance of a good one."]
-    return "\n".join(lines)
+    return "\n".join(lines + ["", *plan_legend(self.epsilon, self.delta)])
+
+
+def plan_legend(epsilon: float, delta: float) -> list:
+  """What each column of a `Plan` table means, in plain words (issue 45: a bare
+  'geometric max E[K] 1.023e+04' was read as a recommendation)."""
+  return [
+      "Each row is one law of K, the number of candidates trained, at the largest mean this",
+      "budget affords:",
+      "  K family     poisson: K ~ Poisson(mean); geometric, logarithmic, tnb-0.5: truncated",
+      "               negative binomials (K >= 1, a long tail); fixed: exactly k candidates",
+      "  max E[K]     the largest expected number of candidates for which the whole search is",
+      f"               still (epsilon={epsilon:g}, delta={delta:g})-DP (fixed: the largest k). An upper",
+      "               limit, not advice: choose the mean you need and check it (jaxdp account",
+      "               --repeat, or acc.epsilon)",
+      "  P(K=0)       the chance that no candidate is drawn and the search releases nothing",
+      "  E[quantile]  the released run's expected quantile among all candidates' scores (Papernot",
+      "               & Steinke Sec. 3.6); higher means a better chance of a good one",
+      "  epsilon      the whole search's epsilon at max E[K] (at most the budget)",
+      "  -            the budget affords not even the smallest search of that family"]
 
 
 PLAN_FAMILIES = ("poisson", "geometric", "logarithmic", "tnb-0.5", "fixed")

@@ -159,7 +159,7 @@ def dpsgd_steps(epochs: float, sampling_prob: float) -> int:
   With expected batch q N, epochs / q steps see `epochs` passes in
   expectation; rounding up never trains (or accounts) for fewer than asked.
   A relative slack of 1e-9 keeps 3 / 0.5 at 6 steps despite float division.
-  This is the rule of the trainer, the CLI, the notebooks and the README
+  This is the rule of the trainer, the CLI, the notebooks and the docs
   (60 epochs at q = 256/60000: 14063 steps).
   """
   epochs = _validate.real("epochs", epochs, low=0.0, low_open=True)

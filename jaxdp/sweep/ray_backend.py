@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import socket
 import sys
+import warnings
 from typing import Callable, Optional, Sequence
 
 import jax
@@ -38,6 +39,8 @@ def require_ray():
 # a worker's first chunk of a call compiles.
 _SHARED = LruCache(2)
 _POLL_S = 2.0  # how often the driver looks for lost nodes while it waits
+#: JAX's warning when a process that uses it forks (`jax._src.xla_bridge._at_fork`).
+_FORK_WARNING = r"os\.fork\(\) was called"
 
 
 def _shared(box: list):
@@ -148,7 +151,8 @@ def run_chunks(candidates: Sequence, plan, worker: Callable, kwargs: dict, *, op
   `health_check_failure_threshold`, about 15 s by default; Ray retries the
   lost tasks sooner, so a call that ends within that time shows the loss only
   as the resumed chunk's line). Neither names a candidate. Ray's own worker
-  logs stay on the workers (`log_to_driver=False`).
+  logs stay on the workers (`log_to_driver=False`). JAX's "os.fork() ... deadlock"
+  warning is not shown when Ray starts here: Ray forks only to exec its own programs.
 
   Raises:
     ValueError: Ray is not installed, or the cluster at `options.address` cannot be reached
@@ -158,7 +162,14 @@ def run_chunks(candidates: Sequence, plan, worker: Callable, kwargs: dict, *, op
   if not ray.is_initialized():
     check_reachable(options.address)
     try:
-      ray.init(address=options.address, include_dashboard=False, log_to_driver=False)
+      with warnings.catch_warnings():
+        # Ray starts its own processes (GCS, raylet, ...) with subprocess.Popen(preexec_fn=...),
+        # which runs Python's at-fork hooks, so JAX's hook warns that "os.fork() ... will likely
+        # lead to a deadlock". It cannot here: the child only blocks SIGINT (and asks for its
+        # parent's death signal) before it execs Ray's program; no JAX code runs in it, and
+        # Ray's workers are started by the raylet, not forked from this process.
+        warnings.filterwarnings("ignore", message=_FORK_WARNING, category=RuntimeWarning)
+        ray.init(address=options.address, include_dashboard=False, log_to_driver=False)
     except Exception as err:  # Ray raises ConnectionError, RuntimeError, ... by version
       raise ValueError(f"cannot start or reach Ray (address={options.address!r}): "
                        f"{type(err).__name__}: {err}") from err

@@ -43,9 +43,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from tqdm.auto import tqdm
+
 from jaxdp.sweep.checkpoints import DIRNAME as CHECKPOINTS, Checkpoints
+from jaxdp.sweep.manifest import ABSENT, difference, mismatch_message
 from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.pool import (MANIFEST, ParamsDamagedError, PoolMismatchError, ResultPool,
                               SearchMismatchError)
@@ -226,7 +230,7 @@ class CandidateStore:
         if record.get(field) != value:
           raise SearchMismatchError(
               f"run directory {self.pool.run_dir!r} holds {record_id!r} run with another "
-              f"{field} (stored {record.get(field)!r:.240}, now {value!r:.240}): releasing it would "
+              f"{field} ({difference(field, record.get(field, ABSENT), value)}): releasing it would "
               "report the mechanism of this run, not the one that produced it; rerun the "
               "identical search, or start a new search in a new run_dir")
       try:
@@ -270,14 +274,18 @@ def _open(plan: SearchPlan, run_dir: str, fingerprint, points, *, read_only: boo
   try:
     return ResultPool(run_dir, plan.fingerprint(**(fingerprint or {})), read_only=read_only,
                       mechanism=plan.mechanism(points) if mechanism else None)
+  except SearchMismatchError as err:
+    if not err.parts:
+      raise
+    raise SearchMismatchError(mismatch_message(os.fspath(run_dir), err.parts, err.changes, _WHY),
+                              err.parts, err.changes) from None
   except PoolMismatchError as err:
-    raise SearchMismatchError(
-        f"{err}. A search resumed with another key, grid, configuration, law of K, data, public "
-        "start or jaxdp version is not the same draw, and one resumed with another mechanism "
-        "(a configuration's DpEvent or DP score, the task's loss, score, model, optimizer, "
-        "clipping or trainable set; a training function's name, source or dp_event) would release scores that the reported epsilon does not "
-        "account for: either is a second search on the same data. Rerun the identical search "
-        "to resume, or start a new search in a new run_dir") from None
+    raise SearchMismatchError(f"{err}. {_WHY}") from None
+
+
+#: Why a search is refused on a run directory of another (the way out follows it).
+_WHY = ("A resume with another key, grid, configuration, law of K, data or mechanism would be a "
+        "second search on the same data, whose scores the reported epsilon does not cover.")
 
 
 def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: Mapping[str, Any], *,
@@ -326,5 +334,18 @@ def run_sweep(candidates: Sequence[Candidate], data, run_dir: str, fingerprint: 
   with CandidateStore(plan, run_dir=run_dir, fingerprint=fingerprint,
                       points=[c.point for c in candidates], trainer=trainer,
                       keep_params=False) as store:
+    _report_resumed(store.pool, candidates)
     store.fill(candidates)
   return store.pool
+
+
+def _report_resumed(pool: ResultPool, candidates: Sequence[Candidate]) -> None:
+  """The line a rerun of `run_sweep` prints: how many of `candidates` it read back, and how many
+  remain. The count is of the caller's own list (a fixed, public grid of candidates x seeds:
+  `grid_candidates`), not of a private search's draw (K), which `CandidateStore` never prints."""
+  held = len({c.id for c in candidates} & pool.done_ids())
+  if held:
+    left = len(candidates) - held
+    tqdm.write(f"run_sweep: resumed {held} of {len(candidates)} candidates from {pool.run_dir} "
+               f"(stored by an earlier run); {f'training the other {left}' if left else 'nothing left to train'}",
+               file=sys.stderr)

@@ -29,6 +29,7 @@ from jaxdp.sweep.records import (data_fingerprint, event_record, params_digest, 
 from jaxdp.sweep.space import (MECHANISM_PARTS, Candidate, SearchSpace, config_record, key_digest,
                                point_key)
 from jaxdp.train import digest as digest_lib
+from jaxdp.train import trainable as trainable_lib
 from jaxdp.train.config import TrainConfig
 from jaxdp.train.loop_spec import LoopSpec
 from jaxdp.train.run_plan import RunPlan, plan_runs
@@ -53,6 +54,10 @@ class Group:
     microbatch_size: rows per per-example-gradient call.
     static_reasons: (name, why) of each static hyperparameter that is not in
       `auto_static`: the model factory reads it, the task declares it, or it is not a float.
+    parameters: the model's trainable and frozen parameters
+      (`jaxdp.train.trainable.Counts`), None when not planned.
+    initial: what `initial_params` holds of them (`jaxdp.train.trainable.Coverage`),
+      None when not planned.
   """
   static: Mapping[str, Any]
   traced: tuple
@@ -64,6 +69,21 @@ class Group:
   clipping: tuple = ()
   microbatch_size: Optional[int] = None
   static_reasons: tuple = ()
+  parameters: Optional[trainable_lib.Counts] = None
+  initial: Optional[trainable_lib.Coverage] = None
+
+
+def _group(spec: LoopSpec, runs: Sequence[RunPlan]) -> Group:
+  """The `Group` of the runs that share `spec`."""
+  run = runs[0]
+  leaf_mask = spec.task.trainable_mask(run.params)
+  return Group(static=dict(spec.static_hparams), traced=spec.traced_names, grid_points=len(runs),
+               sampling_prob=spec.sampling_prob, steps=spec.num_steps,
+               padded_batch_size=spec.padded_batch_size, auto_static=spec.auto_static,
+               clipping=run.clipping, microbatch_size=spec.microbatch_size,
+               static_reasons=_static_reasons(spec, run.config.hparams),
+               parameters=trainable_lib.counts(run.params, leaf_mask),
+               initial=trainable_lib.coverage(run.initial, run.params, leaf_mask))
 
 
 def _static_reasons(spec: LoopSpec, hparams: Mapping[str, Any]) -> tuple:
@@ -246,19 +266,23 @@ class TaskPlan:
     del candidate, result
     return {"auto_static": {name: why for run in self.runs for name, why in run.spec.auto_static}}
 
-  def summary(self) -> dict:
-    """The compiled groups, each layer's clipping path, and one candidate's mean DP steps and
-    per-example gradients over the grid (a dry run's)."""
-    n = self.data.num_examples
+  def group_runs(self) -> tuple:
+    """One `RunPlan` per compiled group (per distinct `LoopSpec`), in `summary`'s order: what
+    a dry run's probe compiles and times."""
+    return tuple(rs[0] for rs in self._runs_by_spec().values())
+
+  def _runs_by_spec(self) -> dict:
     by_spec: dict = {}
     for run in self.runs:
       by_spec.setdefault(run.spec, []).append(run)
-    groups = tuple(Group(static=dict(s.static_hparams), traced=s.traced_names, grid_points=len(rs),
-                         sampling_prob=s.sampling_prob, steps=s.num_steps,
-                         padded_batch_size=s.padded_batch_size, auto_static=s.auto_static,
-                         clipping=rs[0].clipping, microbatch_size=s.microbatch_size,
-                         static_reasons=_static_reasons(s, rs[0].config.hparams))
-                   for s, rs in by_spec.items())
+    return by_spec
+
+  def summary(self) -> dict:
+    """The compiled groups (each layer's clipping path, the trainable and frozen parameters,
+    what `initial_params` holds), and one candidate's mean DP steps and per-example gradients
+    over the grid (a dry run's)."""
+    n = self.data.num_examples
+    groups = tuple(_group(s, rs) for s, rs in self._runs_by_spec().items())
     return {"groups": groups,
             "steps": float(np.mean([run.spec.num_steps for run in self.runs])),
             "gradients": float(np.mean([run.spec.num_steps * run.spec.sampling_prob * n

@@ -1,5 +1,7 @@
 """DP-SGD training of any task: per-example clipping, Gaussian noise, Poisson sampling, runs.
 
+Its modules::
+
   task         Task (any Flax module / init-apply pair, per-example loss over
                a batch pytree, score, optax optimizer factory), Model,
                HParams, the DP scores NoisyMean and DpScore.

@@ -21,9 +21,10 @@ import numpy as np
 
 from jaxdp.data import Dataset
 from jaxdp.train.plan import DpSgdPlan
+from jaxdp.train import padding
 from jaxdp.train import trainable as trainable_lib
 from jaxdp.train.program import build_evaluate, build_outputs, build_private_score, build_train_loop
-from jaxdp.train.loop_spec import LoopSpec, abstract
+from jaxdp.train.loop_spec import LoopSpec, ProgramTraces, abstract, program_traces
 from jaxdp.train.task import _CONCRETIZATION_ERRORS, DpScore, Model, NoisyMean, Task
 from jaxdp.train.trainable import path_str
 
@@ -177,6 +178,12 @@ def check_data(task: Task, data: Dataset) -> None:
   if task.private_score and data.private_validation is None:
     raise ValueError(f"task {task.name!r} has a DP score, which reads data.private_validation, but "
                      "it is None; give Dataset(private_validation=...)")
+  # Checked again (leaves agreeing on N, within the capacity): a Dataset may be changed after
+  # its own checks, and nothing may fail later, after K is drawn.
+  if data.num_train_rows > data.row_capacity:
+    raise ValueError(f"train holds more rows than the row capacity {data.row_capacity} of "
+                     f"num_examples={data.num_examples}")
+  padding.check_validation(task, data)
   if not task.private_score and data.test is None:
     raise ValueError(f"task {task.name!r} scores on the public test split, but data.test is None. "
                      "jaxdp never scores on the private training data: give public data as "
@@ -196,35 +203,27 @@ def check_task(spec: LoopSpec, data: Dataset) -> None:
   check_program(spec, data)
 
 
-def check_program(spec: LoopSpec, data: Dataset) -> None:
+def check_program(spec: LoopSpec, data: Dataset, traces: Optional[ProgramTraces] = None) -> None:
   """Shape-checks the task's program of `spec` on `data`, which `check_data` accepted (no
   compilation, no training: every function is traced on abstract values).
+
+  `traces`: the spec's `loop_spec.program_traces` on `data.train`, which traced the model's
+  init, the gradient of one example's loss and the clipping analysis (a plan's; None: traced
+  now). The DP step is checked from them and from the optimizer's init and update with the
+  traced hyperparameters; only where one of these fails is the whole DP loop traced, so that
+  the message names what the run itself would raise. What fails only inside the loop (a loss
+  that cannot be vmapped, say) is then raised by JAX when the program compiles.
 
   Raises:
     ValueError: as `check_task`.
   """
   task = spec.task
+  traces = program_traces(task, spec.static_hparams, data.train) if traces is None else traces
   two = abstract(data.train, rows=2)
-  try:
-    inputs = jax.eval_shape(task.model_inputs, two)
-  except Exception as err:  # pylint: disable=broad-except
-    # The default selector raises jaxdp's own advice; a user's selector, anything.
-    why = str(err) if task.inputs is None and isinstance(err, ValueError) else \
-        f"{_inputs_name(task)} raised {_raised(err)}"
-    raise ValueError(f"task {task.name!r}: inputs cannot select the model input from a batch of "
-                     f"shapes {describe_tree(two)}: {why}") from err
   model = spec.model()
-  stage = "init"
+  params, outputs = _model_on(spec, model, _inputs(task, two), traces.params)
   try:
-    params = jax.eval_shape(model.init, jax.random.key(0), inputs)
-    stage = "apply"
-    outputs = jax.eval_shape(model.apply, params, inputs)
-  except Exception as err:  # pylint: disable=broad-except
-    raise ValueError(f"task {task.name!r}: the model {_model_name(task, model)} (static hyperparameters "
-                     f"{dict(spec.static_hparams)}) cannot take inputs of shape {describe_tree(inputs)}: "
-                     f"its {stage} raised {_raised(err)}") from err
-  try:
-    losses = jax.eval_shape(task.per_example_loss(model), params, two)
+    losses = jax.eval_shape(lambda o, b: _losses(task, task.loss(o, b)), outputs, two)
   except Exception as err:  # pylint: disable=broad-except
     raise ValueError(_loss_fails(task, model, outputs, err)) from err
   if getattr(losses, "shape", None) != (2,):
@@ -232,6 +231,43 @@ def check_program(spec: LoopSpec, data: Dataset) -> None:
   if not jnp.issubdtype(losses.dtype, jnp.floating):
     raise ValueError(f"task {task.name!r}: the loss {_name(task.loss)} returned {losses.dtype} values; "
                      "per-example losses must be floats (training differentiates them)")
+  _check_score(spec, model, params, data)
+  _check_step(spec, params, traces, data)
+
+
+def _losses(task: Task, out: Any) -> Any:
+  return out[0] if task.has_aux else out  # as `Task.per_example_loss`
+
+
+def _inputs(task: Task, two: PyTree) -> PyTree:
+  try:
+    return jax.eval_shape(task.model_inputs, two)
+  except Exception as err:  # pylint: disable=broad-except
+    # The default selector raises jaxdp's own advice; a user's selector, anything.
+    why = str(err) if task.inputs is None and isinstance(err, ValueError) else \
+        f"{_inputs_name(task)} raised {_raised(err)}"
+    raise ValueError(f"task {task.name!r}: inputs cannot select the model input from a batch of "
+                     f"shapes {describe_tree(two)}: {why}") from err
+
+
+def _model_on(spec: LoopSpec, model: Model, inputs: PyTree, params: PyTree) -> tuple:
+  """(parameters, outputs on `inputs`) of the model; `params`: the traces' (None: initialised
+  here, for its error)."""
+  task = spec.task
+  stage = "init"
+  try:
+    if params is None:
+      params = jax.eval_shape(model.init, jax.random.key(0), inputs)
+    stage = "apply"
+    return params, jax.eval_shape(model.apply, params, inputs)
+  except Exception as err:  # pylint: disable=broad-except
+    raise ValueError(f"task {task.name!r}: the model {_model_name(task, model)} (static hyperparameters "
+                     f"{dict(spec.static_hparams)}) cannot take inputs of shape {describe_tree(inputs)}: "
+                     f"its {stage} raised {_raised(err)}") from err
+
+
+def _check_score(spec: LoopSpec, model: Model, params: PyTree, data: Dataset) -> None:
+  task = spec.task
   split = data.private_validation if task.private_score else data.test
   which = "private_validation" if task.private_score else "test"
   batch = abstract(split)
@@ -244,17 +280,28 @@ def check_program(spec: LoopSpec, data: Dataset) -> None:
     raise ValueError(_score_problem(spec, model, params, batch, which, err)) from err
   if tuple(got.shape) != ():
     raise ValueError(_score_problem(spec, model, params, batch, which, None))
+
+
+def _check_step(spec: LoopSpec, params: PyTree, traces: ProgramTraces, data: Dataset) -> None:
+  """One DP step: from the traces and the optimizer where they all passed, else the whole loop."""
   scalar = jax.ShapeDtypeStruct((), jnp.float32)
   traced = {k: scalar for k in spec.traced_names}
+  if traces.per_example_bytes is not None:
+    trained, _ = trainable_lib.partition(traces.params, traces.mask)
+    # Typed as `clipping.weighted_sum` returns per-example gradient sums (float32 or wider): every
+    # sum of a float32 model, and the vmap path's of any model.
+    summed = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.promote_types(p.dtype, jnp.float32)),
+                          trained)
+    if _optimizer_problem(spec, trained, traced, summed) is None:
+      return
 
   def one_run(p, clip, sigma, t, train):
     plan = DpSgdPlan(l2_clip_norm=clip, noise_multiplier=sigma, sampling_prob=spec.sampling_prob,
                      num_steps=spec.num_steps, num_examples=spec.num_examples)
     return build_train_loop(spec)(p, plan, t, jax.random.key(0), train)
 
-  train = abstract(data.train)
   try:
-    jax.eval_shape(one_run, params, scalar, scalar, traced, train)
+    jax.eval_shape(one_run, params, scalar, scalar, traced, abstract(data.train))
   except Exception as err:  # pylint: disable=broad-except
     raise ValueError(_step_fails(spec, params, traced, err)) from err
 
@@ -341,23 +388,26 @@ def _step_fails(spec: LoopSpec, params: PyTree, traced: dict, err: BaseException
           f"{dict(spec.static_hparams)} and traced {list(spec.traced_names)}: {why}{static}")
 
 
-def _optimizer_problem(spec: LoopSpec, trained: PyTree, traced: dict) -> Optional[str]:
-  """What the optimizer does wrong on the trainable parameters, or None if it steps."""
+def _optimizer_problem(spec: LoopSpec, trained: PyTree, traced: dict,
+                       grads: Optional[PyTree] = None) -> Optional[str]:
+  """What the optimizer does wrong on the trainable parameters, or None if it steps on `grads`
+  (None: gradients shaped and typed like the parameters)."""
   task = spec.task
+  grads = trained if grads is None else grads
   name = f"the optimizer from the factory {_name(task.optimizer)}"
 
   def init(t, p):
     return task.optimizer_for(spec.hparams(t)).init(p)
 
-  def update(t, s, p):  # a gradient shaped like the parameters, as DP-SGD's noisy mean is
-    return task.optimizer_for(spec.hparams(t)).update(p, s, p)
+  def update(t, s, g, p):  # a gradient shaped like the parameters, as DP-SGD's noisy mean is
+    return task.optimizer_for(spec.hparams(t)).update(g, s, p)
 
   try:
     state = jax.eval_shape(init, traced, trained)
   except Exception as inner:  # pylint: disable=broad-except
     return f"{name}: its init raised {_raised(inner)} on the parameters {describe_tree(trained)}"
   try:
-    updates, new_state = jax.eval_shape(update, traced, state, trained)
+    updates, new_state = jax.eval_shape(update, traced, state, grads, trained)
   except Exception as inner:  # pylint: disable=broad-except
     return (f"{name}: its update raised {_raised(inner)} on gradients shaped like the parameters "
             f"{describe_tree(trained)}")

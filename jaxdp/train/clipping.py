@@ -22,7 +22,7 @@ most C. An example contributes exactly 0 (selected away with `where`, never
 multiplied by 0) when any of its values is not finite, when its bound
 overflows float32 (a squared norm above ~3.4e38), or when w_i < 2^-100.
 
-What stays idealised is stated in the README's threat model: the float
+What stays idealised is stated in the privacy assumptions (docs/guides/privacy.md): the float
 additions that combine the per-microbatch and per-device sums (each a sum of
 vectors of norm <= C), and the floating-point Gaussian noise.
 """
@@ -148,7 +148,7 @@ def gradient_bound(grads: Sequence[jax.Array], terms: int) -> NormBound:
   gamma_k of its exact value, plus TINY per flushed addition; so with s the
   computed sum, ||g||^2 <= (s + 2 n TINY) inflate(k + 3) (two roundings
   more for the square root that follows, which rounds by at most u). The rounding share of a length-`terms` dot
-  product is gamma_terms sum_i |w_i g_ik| <= gamma_terms w_i ||g_i||.
+  product is `gamma_terms sum_i |w_i g_ik| <= gamma_terms w_i ||g_i||`.
   """
   total, depth, count = 0.0, 0, 0
   for g in grads:
@@ -176,7 +176,7 @@ class ClipScales(NamedTuple):
 
 
 def clip_scales(bounds: Sequence[NormBound], l2_clip_norm: jax.Array, mask: jax.Array) -> ClipScales:
-  """Per-example clip scales from the `NormBound`s of every part of the example's gradient.
+  """Per-example clip scales from the `NormBound` of every part of the example's gradient.
 
   Args:
     bounds: one `NormBound` per part (the parts together are the example's

@@ -1,4 +1,4 @@
-"""JAX's persistent compilation cache, on request: a second process compiles nothing twice.
+"""JAX's persistent compilation cache, on by default: a second process compiles nothing twice.
 
 Every program jaxdp compiles goes through `jaxdp.train.program.compile_cached`,
 which calls `enable()` first. The cache is JAX's own
@@ -6,54 +6,81 @@ which calls `enable()` first. The cache is JAX's own
 options, the XLA flags, the backend and the JAX version, in one directory:
 
   1. the directory the user gave JAX (`JAX_COMPILATION_CACHE_DIR`, or
-     `jax.config.update("jax_compilation_cache_dir", ...)`), used as it is;
-  2. else `$JAXDP_COMPILATION_CACHE_DIR`, made with mode 0o700 if missing;
-  3. else none: the cache is off.
+     `jax.config.update("jax_compilation_cache_dir", ...)`), used as it is:
+     then JAX decides what it writes there (every program of the process
+     that compiles for longer than its threshold, the user's own included);
+  2. else `$JAXDP_COMPILATION_CACHE_DIR`;
+  3. else `$XDG_CACHE_HOME/jaxdp/xla`, or `~/.cache/jaxdp/xla` without
+     XDG_CACHE_HOME.
 
-JAX's own switch (`jax_enable_compilation_cache=False`) turns it off too, and
-JAX's thresholds apply: by default only programs that took at least a second to
-compile are written (`jax_persistent_cache_min_compile_time_secs`).
+2 and 3 are made with mode 0o700 if missing, and there only jaxdp's own
+programs are written: a user's `jax.jit` in the same process, before or after
+a search, leaves nothing there. `JAXDP_COMPILATION_CACHE=0` (or `false`,
+`off`, `no`) turns jaxdp's cache off, and so does JAX's own switch
+(`jax_enable_compilation_cache=False`). JAX's thresholds apply: by default
+only programs that took at least a second to compile are written
+(`jax_persistent_cache_min_compile_time_secs`).
 
-**Why it is off unless asked for, and secret like the data when on.** No
-data value is baked into a jaxdp program: every array reaches a program as an
-argument (`tests/train/test_compilation_cache.py` scans every entry for the
-data's values). But a program is compiled for its arguments' shapes, so an
-entry (its contents and its file name, a hash of the program) records the
-number of rows of every split, the private training set's included, and of a
-subset a `subsampled_search` drew: under add/remove-one neighbours, that
-count is what tells the two data sets apart. The entries also show which
-programs a search compiled, and when (the static hyperparameters of the
-candidates drawn; for a threshold search, how many were tried). Once on,
-JAX writes every later compilation of the process there, a user's own too
-(a jit that closes over data bakes that data in). So a cache directory is
-trusted like code and secret like the data, as a `run_dir` is: only your
-user may read or write it.
+**Why it holds nothing private.** No data value is baked into a jaxdp
+program: every array reaches a program as an argument. And no private size
+is a shape: the private splits reach every program padded to a public row
+capacity with a mask of the real rows (`jaxdp.train.padding`), so data sets
+of one declared size, whatever rows they hold (N, N + 1 or N - 1), share
+every program and leave the same entries
+(`tests/train/test_compilation_cache.py` scans the entries' constants for the
+data's values and their parameter shapes for the row counts). A `DpScore`
+reads its validation rows unpadded: its programs are never written. Nor
+is a search's program that its draw decided (`jaxdp.sweep.engine`: a plan
+of several programs, whose static hyperparameters drawn would tell of K, or
+a layout sized for the number of candidates). What the entries show is
+public: the declared sizes, the code, the one program of a plan, a lone
+run's configuration, and when each was first compiled. The cache is trusted
+like code (an entry is an executable): only your user should write to it,
+and a warning says when others may.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import threading
 import warnings
-from typing import Optional
+from typing import Iterator, Optional
 
 import jax
+# The thread-local form of a JAX setting (a context manager) is not exported by `jax.config`.
+from jax._src import config as jax_config  # pylint: disable=g-importing-member
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 ENV = "JAXDP_COMPILATION_CACHE_DIR"
+SWITCH = "JAXDP_COMPILATION_CACHE"
+_OFF = ("0", "false", "off", "no")
 
 _lock = threading.Lock()
 _enabled_dir: Optional[str] = None
+# jaxdp's own directory in use: JAX writes there only inside `writing` (thread-local).
+_owned = False
+_min_compile_s: float = 1.0  # the threshold the user set for JAX, applied inside `writing`
+
+
+def default_dir() -> str:
+  """`$XDG_CACHE_HOME/jaxdp/xla`, or `~/.cache/jaxdp/xla` without XDG_CACHE_HOME."""
+  base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(os.path.abspath(base), "jaxdp", "xla")
 
 
 def cache_dir() -> Optional[str]:
-  """The directory compiled programs are kept in, or None when the cache is off."""
+  """The directory jaxdp's compiled programs are kept in, or None when the cache is off."""
   if not jax.config.jax_enable_compilation_cache:
     return None
   configured = jax.config.jax_compilation_cache_dir
-  if configured:
-    return configured
+  if configured and not (_owned and configured == _enabled_dir):
+    return configured  # the user's, given to JAX (one jaxdp set itself is its own)
+  if os.environ.get(SWITCH, "").strip().lower() in _OFF:
+    return None
   chosen = os.environ.get(ENV, "").strip()
-  return os.path.abspath(os.path.expanduser(chosen)) if chosen else None
+  return os.path.abspath(os.path.expanduser(chosen)) if chosen else default_dir()
 
 
 def enable() -> Optional[str]:
@@ -63,7 +90,7 @@ def enable() -> Optional[str]:
   directory cannot be created (then programs compile as without a cache).
   Warns when other users may read or write the directory.
   """
-  global _enabled_dir
+  global _enabled_dir, _owned, _min_compile_s
   with _lock:
     path = cache_dir()
     if path is None or path == _enabled_dir:
@@ -73,15 +100,43 @@ def enable() -> Optional[str]:
         os.makedirs(path, mode=0o700, exist_ok=True)
       except OSError:
         return None
-      from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
-      compilation_cache.set_cache_dir(path)
+      if not _owned:
+        _min_compile_s = jax.config.jax_persistent_cache_min_compile_time_secs
+      # Nothing is written but inside `writing`: a user's own jit (which may close over
+      # data, baking it in) compiles below this process-wide threshold.
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", math.inf)
+      jax_cache.set_cache_dir(path)
       # JAX decides once per process, at its first compilation, whether a cache is in use;
-      # anything compiled before this call (a data transform, a user's own jit) must not
-      # leave it off.
-      compilation_cache.reset_cache()
+      # anything compiled before this call must not leave it off.
+      jax_cache.reset_cache()
+      _owned = True
+    elif _owned:  # the user has given JAX a directory since: JAX's settings decide again
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", _min_compile_s)
+      jax_cache.reset_cache()
+      _owned = False
     _enabled_dir = path
   if os.path.isdir(path) and os.stat(path).st_mode & 0o077:
     warnings.warn(f"the compilation cache {path} is open to other users (mode "
-                  f"{os.stat(path).st_mode & 0o777:o}): it records the number of training rows, "
-                  f"so keep it as private as the data (chmod 700 {path})", stacklevel=2)
+                  f"{os.stat(path).st_mode & 0o777:o}): an entry is an executable this process "
+                  f"may run, so keep it yours (chmod 700 {path})", stacklevel=2)
   return path
+
+
+@contextlib.contextmanager
+def writing(persist: bool = True) -> Iterator[Optional[str]]:
+  """Compilations in this block (this thread only) are jaxdp's own: with `persist`, the cache
+  is on (`enable()`) and they are written under the user's threshold; without, none is written,
+  wherever the cache is (a program whose shapes hold a private size). Yields `enable()`'s
+  directory."""
+  path = enable()
+  if not persist:
+    threshold = math.inf
+  elif _owned and path is not None and path == _enabled_dir:
+    threshold = _min_compile_s
+  else:
+    threshold = None  # the user's own JAX directory: JAX's settings decide
+  if threshold is None:
+    yield path
+    return
+  with jax_config.persistent_cache_min_compile_time_secs(threshold):
+    yield path

@@ -129,6 +129,7 @@ class TrainConfig:
     sampling_prob / batch_size: exactly one: the Poisson rate q in (0, 1], or
       the expected batch size b > 0 with q = b / N (N: the declared public
       `Dataset.num_examples`).
+
     steps / epochs: exactly one; steps = ceil(epochs / q) (`jaxdp.accounting.dpsgd_steps`).
     target_delta: delta in (0, 1) at which epsilon is reported.
 
@@ -139,6 +140,7 @@ class TrainConfig:
       (learning rate, weight decay, any optimizer argument, model width, ...).
       Floats the model does not read are traced (vmapped within one compiled
       group); the rest are static. A name the task never reads is an error.
+
     execution: an `ExecutionConfig`.
   """
   task: Task

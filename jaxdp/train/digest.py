@@ -43,7 +43,7 @@ Guarantees:
     refused: safe, never silently mixed.
 
 Cost: one trace (no compilation) per distinct `LoopSpec`, about 0.25 s for a
-small MLP on a 2-core CPU; the README's search (6 configurations, 2 compiled
+small MLP on a 2-core CPU; the search of docs/guides/tune_your_own_model.md (6 configurations, 2 compiled
 groups) records its mechanism in about 0.5 s. Only durable runs pay it.
 """
 
@@ -60,8 +60,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdp.data import Dataset
+from jaxdp.train import padding
 from jaxdp.train import program
-from jaxdp.train import loop_spec
 from jaxdp.train.plan import DpSgdPlan
 from jaxdp.train.loop_spec import LoopSpec
 from jaxdp.train.sampling import default_padded_batch_size
@@ -78,14 +78,14 @@ def scrub(text: str) -> str:
 def canonical_spec(spec: LoopSpec, num_rows: int) -> LoopSpec:
   """`spec` with its performance-only sizes replaced by ones no device decides.
 
-  The padded batch is the default for `num_rows` rows and q (qN plus 4
+  The padded batch is the default for `num_rows` examples and q (qN plus 4
   standard deviations), processed as one microbatch. Both are performance
   settings (`ExecutionConfig`): they change the order of the clipped sum,
   never which rows are sampled, the clipping or the noise.
 
   Args:
     spec: a candidate's `LoopSpec` (its microbatch may depend on the device).
-    num_rows: the training rows (`Dataset.num_train_rows`).
+    num_rows: the declared training set size (`Dataset.num_examples`, public).
 
   Returns:
     The spec to trace for a digest.
@@ -186,7 +186,7 @@ def program_digest(spec: LoopSpec, data: Dataset) -> str:
       behaviour no digest of the trace can see, so a durable run could not
       tell a changed mechanism from the stored one.
   """
-  canonical = canonical_spec(spec, data.num_train_rows)
+  canonical = canonical_spec(spec, data.num_examples)
   scalar = jax.ShapeDtypeStruct((), jnp.float32)
   # C and sigma are traced leaves of the plan (their values are the DpEvent's);
   # q, T and N are static and enter the program.
@@ -195,8 +195,8 @@ def program_digest(spec: LoopSpec, data: Dataset) -> str:
       num_steps=spec.num_steps, num_examples=spec.num_examples))
   traced = {name: scalar for name in canonical.traced_names}
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-  splits = [None if split is None else loop_spec.abstract(split)
-            for split in (data.train, data.test, data.private_validation)]
+  # The splits as the programs take them: padded to their public capacities.
+  splits = padding.abstract_splits(data, spec.task)
   closed = jax.make_jaxpr(functools.partial(program.run_candidate, canonical))(plan, traced, key, *splits)
   host = _host_code(closed)
   if host:

@@ -71,7 +71,7 @@ ghost norm would miss.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -301,6 +301,33 @@ def ghost_clipped_grad_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask:
   """
   clipping.check_clip_norm(l2_clip_norm)
   calls, _, treedef, _ = analyse(loss_fn, params, batch, auto)
+  return _ghost_sum(loss_fn, params, batch, mask, l2_clip_norm, calls, treedef)
+
+
+def ghost_sum_for(loss_fn: LossFn, *, auto: bool = False) -> Callable[..., tuple[PyTree, jax.Array]]:
+  """`ghost_clipped_grad_sum` of this one `loss_fn`, as `(params, batch, mask, l2_clip_norm)
+  -> (sum, rows)`, whose layer analysis runs once per shape of the parameters and of one
+  example instead of once per call: what `DpSgdPlan.clipped_grad` builds, which the DP loop
+  calls twice in one trace (for its sum's shapes, then in its loop)."""
+  analysed: dict = {}  # lives as long as this function: one entry per shape, rarely two
+
+  def summed(params: PyTree, batch: PyTree, mask: jax.Array, l2_clip_norm: jax.Array):
+    clipping.check_clip_norm(l2_clip_norm)
+    # `analyse` reads nothing but the loss (fixed here) and these shapes and dtypes: equal keys,
+    # equal analyses. The number of rows is left out; it reads one example's shapes.
+    key = (jax.tree.structure(params), jax.tree.structure(batch),
+           tuple((jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(params)),
+           tuple((jnp.shape(x)[1:], jnp.result_type(x)) for x in jax.tree.leaves(batch)))
+    if key not in analysed:
+      analysed[key] = analyse(loss_fn, params, batch, auto)
+    calls, _, treedef, _ = analysed[key]
+    return _ghost_sum(loss_fn, params, batch, mask, l2_clip_norm, calls, treedef)
+  return summed
+
+
+def _ghost_sum(loss_fn: LossFn, params: PyTree, batch: PyTree, mask: jax.Array, l2_clip_norm: jax.Array,
+               calls: list, treedef) -> tuple[PyTree, jax.Array]:
+  """`ghost_clipped_grad_sum` given `analyse`'s calls and treedef for `loss_fn` on these shapes."""
   ghost_calls = [c for c in calls if c.reason is None]
   if not ghost_calls:
     return clipping.clipped_grad_sum(loss_fn, params, batch, mask, l2_clip_norm)

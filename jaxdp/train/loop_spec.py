@@ -97,8 +97,8 @@ class LoopSpec:
 
     `analyses`: a dict a caller planning many configurations at once passes
     to every call (`jaxdp.train.run_plan.plan_runs`), so the traces that
-    decide what is static and the per-example bytes run once per program,
-    not once per configuration.
+    decide what is static, the clipping analysis and the per-example bytes
+    (`program_traces`) run once per program, not once per configuration.
     """
     analyses = {} if analyses is None else analyses
     n = data.num_examples
@@ -111,21 +111,17 @@ class LoopSpec:
             tuple(sorted(traced)), structure(data.train), config.num_steps_for(n))
     if memo not in analyses:
       analyses[memo] = _auto_static(config.task, static, tuple(sorted(traced)), data.train,
-                                    num_steps=config.num_steps_for(n))
+                                    num_steps=config.num_steps_for(n), analyses=analyses)
     auto = analyses[memo]
     static.update({name: traced.pop(name) for name in auto})
     static = _hashable_items(config.task, static)
-    # Padding is sized from the rows present (a shape, performance only);
-    # q and T above come from the declared N only. Zero rows (an empty Poisson
-    # subset) still need one padding row: shapes cannot be empty.
-    rows = max(data.num_train_rows, 1)
+    # Padding is sized from the declared N too, never from the rows present: it is a static
+    # shape of the program, which the persistent compilation cache keeps (jaxdp.train.padding).
+    rows = n
     if micro is None:
       fixed = padded is not None
       padded = padded if fixed else default_padded_batch_size(rows, q)
-      memo = ("per_example_bytes", config.task, static, structure(data.train))
-      if memo not in analyses:
-        analyses[memo] = _per_example_bytes(config.task, static, data.train)
-      per_example = analyses[memo]
+      per_example = program_traces(config.task, static, data.train, analyses).per_example_bytes
       if per_example is None:  # the task does not fit the data: check_task will say why
         micro = padded
       elif fixed:
@@ -189,16 +185,30 @@ def _abstract_params(task: Task, model, example: PyTree) -> PyTree:
   return jax.eval_shape(lambda b: model.init(jax.random.key(0), task.model_inputs(b)), example)
 
 
+def _params_once(task: Task, static_hparams: tuple, train: PyTree, analyses: dict):
+  """`_abstract_params` for one example, traced once per (task, static values, data structure)
+  in `analyses`; None if the model cannot be built or initialised (check_task says why)."""
+  memo = ("params", task, static_hparams, structure(train))
+  if memo not in analyses:
+    try:
+      analyses[memo] = _abstract_params(task, task.model_for(dict(static_hparams)),
+                                        abstract(train, rows=1))
+    except Exception:  # pylint: disable=broad-except
+      analyses[memo] = None
+  return analyses[memo]
+
+
 def _auto_static(task: Task, static: dict, traced_names: tuple, train: PyTree,
-                 num_steps: Optional[int] = None) -> dict:
+                 num_steps: Optional[int] = None, analyses: Optional[dict] = None) -> dict:
   """`task.concrete_hparams` for these traced names, on the trainable parameters' shapes:
   name -> why, in plain words. `num_steps`: the run's T, what the optimizer factory reads as
-  `hp.num_steps` (None: a stand-in)."""
+  `hp.num_steps` (None: a stand-in). `analyses`: as in `LoopSpec.from_config`."""
   if not traced_names:
     return {}
+  params = _params_once(task, _hashable_items(task, static), train, {} if analyses is None else analyses)
+  if params is None:
+    return {}  # the task does not fit the data: check_task says why
   try:
-    model = task.model_for(dict(static))
-    params = _abstract_params(task, model, abstract(train, rows=1))
     trained, _ = trainable_lib.partition(params, task.trainable_mask(params))
   except Exception:  # pylint: disable=broad-except
     return {}  # the task does not fit the data: check_task says why
@@ -206,22 +216,58 @@ def _auto_static(task: Task, static: dict, traced_names: tuple, train: PyTree,
   return dict(task.concrete_hparams(hparams, traced_names, trained, num_steps=num_steps))
 
 
-def _per_example_bytes(task: Task, static_hparams: tuple, train: PyTree) -> Optional[int]:
-  """`microbatching.per_example_bytes` of the task on one training example; None if the task
-  cannot be traced on this data."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class ProgramTraces:
+  """What tracing one program's loss on one abstract example found, once per program
+  (`program_traces`): read by the microbatch's memory estimate, by `checks.check_program` and
+  by a dry run's clipping paths, so none of them traces the loss again.
+
+  Attributes:
+    params: the model's parameters as `jax.ShapeDtypeStruct`s (one example's init); None if
+      the model cannot be initialised on the data.
+    mask: `Task.trainable_mask(params)`; None if params is None or the mask fails.
+    split: the trainable parameters' `ghost_analysis.GhostSplit` under `Task.clipping`;
+      None for 'vmap' or if the loss cannot be traced.
+    per_example_bytes: `microbatching.per_example_bytes` of one example's gradient (the ghost
+      leaves left out); None if any trace above failed, which `check_program` then names.
+  """
+  params: PyTree
+  mask: PyTree
+  split: Optional[ghost_analysis.GhostSplit]
+  per_example_bytes: Optional[int]
+
+
+def program_traces(task: Task, static_hparams: tuple, train: PyTree,
+                   analyses: Optional[dict] = None) -> ProgramTraces:
+  """The `ProgramTraces` of the task's program for `static_hparams` (sorted (name, value)
+  pairs, `LoopSpec.static_hparams`) on the structure of `train`, traced once per dict
+  `analyses` (a plan's; None: traced now)."""
+  analyses = {} if analyses is None else analyses
+  memo = ("traces", task, static_hparams, structure(train))
+  if memo not in analyses:
+    analyses[memo] = _trace(task, static_hparams, train, analyses)
+  return analyses[memo]
+
+
+def _trace(task: Task, static_hparams: tuple, train: PyTree, analyses: dict) -> ProgramTraces:
+  params = _params_once(task, static_hparams, train, analyses)
+  if params is None:
+    return ProgramTraces(params=None, mask=None, split=None, per_example_bytes=None)
+  mask = split = None
   example = abstract(train, rows=1)
   try:
     model = task.model_for(dict(static_hparams))
-    params = _abstract_params(task, model, example)
-    trained, frozen = trainable_lib.partition(params, task.trainable_mask(params))
+    mask = task.trainable_mask(params)
+    trained, frozen = trainable_lib.partition(params, mask)
     loss = task.per_example_loss(model)
     split = _ghost_split(task, model, trained, frozen, example)
-    return microbatching.per_example_bytes(
+    per_example = microbatching.per_example_bytes(
         lambda t, b, f: trainable_lib.partial_loss(loss, f)(t, b), trained, example, frozen,
         without=() if split is None else split.ghost_leaves,
         extra=0 if split is None else split.norm_bytes)
   except Exception:  # pylint: disable=broad-except
-    return None
+    return ProgramTraces(params=params, mask=mask, split=split, per_example_bytes=None)
+  return ProgramTraces(params=params, mask=mask, split=split, per_example_bytes=per_example)
 
 
 def _ghost_split(task: Task, model, trained: PyTree, frozen: PyTree, example: PyTree):
@@ -238,15 +284,26 @@ def _ghost_split(task: Task, model, trained: PyTree, frozen: PyTree, example: Py
   return found[0]
 
 
-def clipping_paths(spec: LoopSpec, train: PyTree) -> tuple:
-  """(parameter path, 'ghost', 'per-example' or 'frozen', why) for every parameter of the spec's
-  model, in tree order, under its `Task.clipping` and `Task.trainable` (what a dry run prints)."""
+def _clipping_inputs(spec: LoopSpec, train: PyTree, traces: Optional[ProgramTraces]) -> tuple:
+  """(params, trainable mask, ghost split) of the spec's model: the traces' where they got that
+  far, else traced again (for a plan never checked), raising what fails."""
+  if traces is None:
+    traces = program_traces(spec.task, spec.static_hparams, train)
+  if traces.mask is not None and (traces.split is not None or spec.task.clipping == "vmap"):
+    return traces.params, traces.mask, traces.split
   example = abstract(train, rows=1)
   model = spec.model()
   params = _abstract_params(spec.task, model, example)
   leaf_mask = spec.task.trainable_mask(params)
   trained, frozen = trainable_lib.partition(params, leaf_mask)
-  split = _ghost_split(spec.task, model, trained, frozen, example)
+  return params, leaf_mask, _ghost_split(spec.task, model, trained, frozen, example)
+
+
+def clipping_paths(spec: LoopSpec, train: PyTree, traces: Optional[ProgramTraces] = None) -> tuple:
+  """(parameter path, 'ghost', 'per-example' or 'frozen', why) for every parameter of the spec's
+  model, in tree order, under its `Task.clipping` and `Task.trainable` (what a dry run prints).
+  `traces`: the spec's `program_traces` on `train`'s structure (None: traced now)."""
+  params, leaf_mask, split = _clipping_inputs(spec, train, traces)
   calls = {}  # a trained leaf's keystr -> the Embed/Dense/DenseGeneral/Conv call reading it
   for layer in () if split is None else split.layers:
     call = f"{layer.kind} {layer.module!r}" + (f" (call {layer.call})" if layer.call else "")
@@ -268,7 +325,7 @@ def clipping_paths(spec: LoopSpec, train: PyTree) -> tuple:
 
 def per_example_bytes(spec: LoopSpec, train: PyTree) -> Optional[int]:
   """Working set of one example's gradient for this spec's task (see `jaxdp.train.microbatching`)."""
-  return _per_example_bytes(spec.task, spec.static_hparams, train)
+  return program_traces(spec.task, spec.static_hparams, train).per_example_bytes
 
 
 def traced_hparams(spec: LoopSpec, config: TrainConfig) -> dict:

@@ -82,11 +82,11 @@ def per_example_bytes(loss_fn: Callable[..., jax.Array], params: PyTree, example
 
   Args:
     loss_fn: per-example loss `(params, batch, *constants) -> (b,)`.
-    params: parameters or their `jax.ShapeDtypeStruct`s (differentiated).
+    params: parameters or their `jax.ShapeDtypeStruct` values (differentiated).
     example: a batch of ONE example (leading axis 1), arrays or
-      `jax.ShapeDtypeStruct`s.
+      `jax.ShapeDtypeStruct` values.
     *constants: further inputs of the loss that are not differentiated
-      (frozen parameters), arrays or `jax.ShapeDtypeStruct`s.
+      (frozen parameters), arrays or `jax.ShapeDtypeStruct` values.
     without: leaves of `params` (`jax.tree_util.keystr` paths) whose
       per-example gradients are never materialised (ghost clipping's layers,
       `jaxdp.train.ghost_analysis.ghost_layers(...).ghost_leaves`): they are not

@@ -98,7 +98,7 @@ def normalize_by_expected_batch_size(expected_batch_size: float | jax.Array
   a data-dependent count that the privacy analysis does not cover. q*N is a
   constant of the mechanism: N is the declared public training set size
   (`jaxdp.data.Dataset.num_examples`), never the number of rows present
-  (README, "Privacy assumptions").
+  (docs/guides/privacy.md).
 
   Args:
     expected_batch_size: q * N > 0.

@@ -26,7 +26,7 @@ import optax
 
 from jaxdp.accounting import events as acc_events
 from jaxdp.train.clipping import clipped_grad_sum
-from jaxdp.train.ghost import ghost_clipped_grad_sum
+from jaxdp.train.ghost import ghost_sum_for
 from jaxdp.train.noise import add_gaussian_noise, normalize_by_expected_batch_size, round_up_float32
 from jaxdp.train.sampling import poisson_batch_sum
 
@@ -101,13 +101,14 @@ class DpSgdPlan:
     norm C.
     """
     clip = self.l2_clip_norm
-    summed = {"vmap": clipped_grad_sum, "ghost": ghost_clipped_grad_sum,
-              "auto": functools.partial(ghost_clipped_grad_sum, auto=True)}.get(method)
-    if summed is None:
+    if method not in ("auto", "vmap", "ghost"):
       raise ValueError(f"method must be 'auto', 'vmap' or 'ghost', got {method!r}")
+    # One layer analysis for every call of fn in a trace (ghost_sum_for).
+    summed = (functools.partial(clipped_grad_sum, loss_fn) if method == "vmap"
+              else ghost_sum_for(loss_fn, auto=method == "auto"))
 
     def fn(params, batch, mask):
-      return summed(loss_fn, params, batch, mask, clip)[0]
+      return summed(params, batch, mask, clip)[0]
     return ClippedGrad(fn=fn, sensitivity=clip)
 
   def privatizer(self, clipped: ClippedGrad, key: jax.Array) -> optax.GradientTransformation:
@@ -116,13 +117,15 @@ class DpSgdPlan:
                        normalize_by_expected_batch_size(self.expected_batch_size))
 
   def batch_sum(self, key: jax.Array, fn, *, num_rows: int, padded_batch_size: int,
-                microbatch_size: int, axis_name: Optional[str] = None):
+                microbatch_size: int, axis_name: Optional[str] = None,
+                real_rows: Optional[jax.Array] = None):
     """Sums `fn(indices, valid)` over one Poisson sample at rate q of `num_rows` rows.
 
-    `num_rows` is the number of rows the training data actually holds (a
-    static shape); each is sampled independently with probability q (see
-    `poisson_batch_sum`). It never enters the normaliser, which is q*N with
-    the declared N. With `axis_name` (data parallelism inside `shard_map`)
+    `num_rows` is the number of rows of the training data (a static shape:
+    a public capacity when `real_rows` masks the real ones among them,
+    `jaxdp.train.padding`); each real row is sampled independently with
+    probability q, a padding row never (see `poisson_batch_sum`). It never
+    enters the normaliser, which is q*N with the declared N. With `axis_name` (data parallelism inside `shard_map`)
     the devices of that axis draw the same sample from the same key, each
     sums a disjoint share of its microbatches, and every device returns the
     `psum`: the same sum of the same clipped gradients, so the sensitivity,
@@ -130,4 +133,4 @@ class DpSgdPlan:
     """
     return poisson_batch_sum(key, fn, num_examples=num_rows, sampling_prob=self.sampling_prob,
                              padded_batch_size=padded_batch_size, microbatch_size=microbatch_size,
-                             axis_name=axis_name)
+                             axis_name=axis_name, real_rows=real_rows)

@@ -1,8 +1,8 @@
-"""Ready-made tasks: the papers' classifiers as ordinary `Task`s.
+"""Ready-made tasks: the papers' classifiers as ordinary tasks (`Task`).
 
 `classifier(num_classes)` is a `Task` like any user's: softmax cross-entropy
 on `DataSplit(inputs, labels)` batches, test accuracy as the (public) score,
-and a model and optimizer built from the hyperparameters
+and a model and optimizer built from the hyperparameters::
 
   model: one of `jaxdp.models.MODELS` or any Flax module (static; default 'logreg'),
   activation: for models with hidden layers (static; default 'tanh'),

@@ -29,6 +29,7 @@ import optax
 
 from jaxdp._cache import LruCache
 from jaxdp.train import compilation_cache
+from jaxdp.train import padding
 from jaxdp.train import trainable as trainable_lib
 from jaxdp.train.plan import DpSgdPlan
 from jaxdp.train.loop_spec import device_dtype, abstract, structure, LoopSpec
@@ -77,9 +78,10 @@ def init_params(spec: LoopSpec, key: jax.Array, train: PyTree) -> PyTree:
 
   The init batch is built from the data's structure (one zero row), never
   from its rows, so training data with zero rows initialises as any other.
+  `train` may be a `padding.PaddedRows`.
   """
   model = spec.model()
-  return model.init(key, spec.task.model_inputs(_zero_row(train)))
+  return model.init(key, spec.task.model_inputs(_zero_row(padding.rows_of(train))))
 
 
 def param_shapes(spec: LoopSpec, train: PyTree) -> PyTree:
@@ -149,12 +151,14 @@ def build_loop(spec: LoopSpec, *, axis_name: Optional[str] = None) -> tuple:
   def advance(state: LoopState, plan: DpSgdPlan, traced: Mapping[str, jax.Array], key, train,
               stop) -> LoopState:
     sample_key, _ = jax.random.split(key)
-    num_rows = jax.tree.leaves(train)[0].shape[0]  # static; never a normaliser
-    # Zero rows (an empty Poisson subset) is a valid input: nobody is sampled,
+    # jaxdp's own callers pass a `PaddedRows` (num_rows the public capacity, real_rows its mask).
+    rows, real_rows = padding.rows_of(train), padding.mask_of(train)
+    num_rows = jax.tree.leaves(rows)[0].shape[0]  # static; never a normaliser
+    # Zero rows (possible only unpadded) is a valid input: nobody is sampled,
     # every microbatch row is padding (valid False), and the gather needs a
     # row to read: one zero row, never sampled. Each step then sums no
     # gradient and adds the noise, the mechanism on the empty data set.
-    rows = train if num_rows else _zero_row(train)
+    rows = rows if num_rows else _zero_row(rows)
     clipped, opt = optimizer(plan, traced, key, state.frozen)
     # Where the state's raw key data are PRNG keys, and of which implementation:
     # a fresh init's (traced for its types: XLA drops what nothing reads).
@@ -166,7 +170,7 @@ def build_loop(spec: LoopSpec, *, axis_name: Optional[str] = None) -> tuple:
       grad_sum, _ = plan.batch_sum(
           jax.random.fold_in(sample_key, step), lambda idx, valid: clipped(trained, _take(rows, idx), valid),
           num_rows=num_rows, padded_batch_size=spec.padded_batch_size,
-          microbatch_size=spec.microbatch_size, axis_name=axis_name)
+          microbatch_size=spec.microbatch_size, axis_name=axis_name, real_rows=real_rows)
       # grad_sum is the whole batch's clipped sum on every device: the noise
       # below is added once to it (same key everywhere), never per share.
       updates, opt_state = opt.update(grad_sum, opt_state, trained)
@@ -260,12 +264,16 @@ def build_evaluate(spec: LoopSpec) -> Callable[..., tuple[jax.Array, jax.Array]]
 
 
 def build_private_score(spec: LoopSpec) -> Callable[..., jax.Array]:
-  """Pure DP scoring: (params, private validation batch, key) -> the noisy score."""
+  """Pure DP scoring: (params, private validation batch, key) -> the noisy score. A padded
+  batch (`padding.PaddedRows`, a `NoisyMean` score's) is scored on its real rows only."""
   task = spec.task
   outputs = build_outputs(spec)
 
   def score(params, batch, key):
-    return jnp.asarray(task.score(outputs(params, batch), batch, key), jnp.float32)
+    rows, mask = padding.rows_of(batch), padding.mask_of(batch)
+    out = outputs(params, rows)
+    noisy = task.score(out, rows, key) if mask is None else task.score(out, rows, key, mask=mask)
+    return jnp.asarray(noisy, jnp.float32)
 
   return score
 
@@ -413,20 +421,23 @@ def _signature(args: tuple) -> tuple:
                          getattr(x, "sharding", None)) for x in leaves)
 
 
-def compile_cached(jitted, args: tuple):
+def compile_cached(jitted, args: tuple, *, persist: bool = True):
   """(`jitted` compiled ahead of time for `args`, seconds spent compiling now).
 
   Executables are kept per (function, argument shapes, dtypes and
   shardings); a cached one reports 0.0 seconds. Across processes, JAX's
-  persistent cache (`jaxdp.train.compilation_cache`) makes a compilation a read.
+  persistent cache (`jaxdp.train.compilation_cache`) makes a compilation a
+  read; the program is written there only with `persist`, which a caller
+  gives only when every private split in `args` is padded to its public
+  capacity (`padding.persistable`).
   """
   memo = (jitted, _signature(args))
   executable = _EXECUTABLES.get(memo)
   if executable is not None:
     return executable, 0.0
-  compilation_cache.enable()  # a program compiled by an earlier process is read, not compiled
-  start = time.perf_counter()
-  executable = jitted.lower(*args).compile()
-  seconds = time.perf_counter() - start
+  with compilation_cache.writing(persist):  # a program an earlier process compiled is read
+    start = time.perf_counter()
+    executable = jitted.lower(*args).compile()
+    seconds = time.perf_counter() - start
   _EXECUTABLES.put(memo, executable)
   return executable, seconds

@@ -22,7 +22,7 @@ from jaxdp.train import checks
 from jaxdp.train.config import TrainConfig, epsilon
 from jaxdp.train.plan import DpSgdPlan
 from jaxdp.train.program import param_shapes
-from jaxdp.train.loop_spec import LoopSpec, abstract, clipping_paths
+from jaxdp.train.loop_spec import LoopSpec, ProgramTraces, abstract, clipping_paths, program_traces
 
 PyTree = Any
 
@@ -39,6 +39,8 @@ class RunPlan:
       leaf is initialised from the key; `checks.check_initial_params`).
     num_examples: N, the declared training set size.
     example: one training example, abstract (what `clipping` traces).
+    traces: the program's `loop_spec.ProgramTraces` on the data's structure (the clipping
+      analysis `clipping` reads), traced once when the plan was made.
   """
   config: TrainConfig
   spec: LoopSpec
@@ -46,6 +48,7 @@ class RunPlan:
   initial: PyTree
   num_examples: int
   example: PyTree = dataclasses.field(repr=False)
+  traces: Optional[ProgramTraces] = dataclasses.field(default=None, repr=False)
 
   @functools.cached_property
   def treedef(self):
@@ -68,9 +71,9 @@ class RunPlan:
 
   @functools.cached_property
   def clipping(self) -> tuple:
-    """(parameter path, 'ghost', 'per-example' or 'frozen', why) per parameter (traced on
-    demand: only a dry run prints it)."""
-    return clipping_paths(self.spec, self.example)
+    """(parameter path, 'ghost', 'per-example' or 'frozen', why) per parameter (from the
+    plan's traces: only a dry run prints it)."""
+    return clipping_paths(self.spec, self.example, self.traces)
 
   def with_noise(self, config: TrainConfig) -> "RunPlan":
     """This run with `config`, which differs from `self.config` in its noise multiplier only
@@ -96,15 +99,22 @@ class RunPlan:
     another one (another static value, e.g. an extrapolated learning rate that is static).
     `analyses`: as in `LoopSpec.from_config` (runs derived together share their traces).
     """
+    analyses = {} if analyses is None else analyses
     spec = LoopSpec.from_config(config, data, analyses=analyses)
-    params = self.params
+    params, traces = self.params, self.traces
     if _program(spec) != _program(self.spec):
-      checks.check_program(spec, data)
-      params = param_shapes(spec, data.train)
+      traces = program_traces(spec.task, spec.static_hparams, data.train, analyses)
+      checks.check_program(spec, data, traces)
+      params = _params(spec, data, traces)
       if initial is not None:  # another model may not take this start
         initial = checks.check_initial_params(initial, params)
     return dataclasses.replace(self, config=config, spec=spec, params=params, initial=initial,
-                               num_examples=data.num_examples)
+                               num_examples=data.num_examples, traces=traces)
+
+
+def _params(spec: LoopSpec, data: Dataset, traces: ProgramTraces) -> PyTree:
+  """The parameters' shapes: the traces' (`param_shapes`' very trace), or traced now."""
+  return param_shapes(spec, data.train) if traces.params is None else traces.params
 
 
 def _program(spec: LoopSpec) -> tuple:
@@ -138,13 +148,14 @@ def plan_runs(configs: Sequence[TrainConfig], data: Dataset, *,
     if id(config) not in by_config:
       spec = LoopSpec.from_config(config, data, analyses=analyses)
       if spec not in by_spec:
-        checks.check_program(spec, data)
-        params = param_shapes(spec, data.train)
+        traces = program_traces(spec.task, spec.static_hparams, data.train, analyses)
+        checks.check_program(spec, data, traces)
+        params = _params(spec, data, traces)
         initial = (None if initial_params is None
                    else checks.check_initial_params(initial_params, params))
-        by_spec[spec] = (params, initial)
-      params, initial = by_spec[spec]
+        by_spec[spec] = (params, initial, traces)
+      params, initial, traces = by_spec[spec]
       by_config[id(config)] = RunPlan(config=config, spec=spec, params=params, initial=initial,
-                                      num_examples=data.num_examples, example=example)
+                                      num_examples=data.num_examples, example=example, traces=traces)
     out.append(by_config[id(config)])
   return tuple(out)

@@ -161,7 +161,8 @@ def validate_batch_sizes(padded_batch_size: int, microbatch_size: int) -> None:
 
 def poisson_batch_sum(key: jax.Array, fn: Callable[[jax.Array, jax.Array], PyTree], *,
                       num_examples: int, sampling_prob, padded_batch_size: int,
-                      microbatch_size: int, axis_name: Optional[str] = None) -> tuple[PyTree, jax.Array]:
+                      microbatch_size: int, axis_name: Optional[str] = None,
+                      real_rows: Optional[jax.Array] = None) -> tuple[PyTree, jax.Array]:
   """Sums `fn(indices, valid)` over all microbatches of one Poisson sample.
 
   The sampled indices (ascending, then padding) are cut into microbatches
@@ -187,6 +188,9 @@ def poisson_batch_sum(key: jax.Array, fn: Callable[[jax.Array, jax.Array], PyTre
     axis_name: None (default): one device sums every microbatch. Otherwise
       the name of a `shard_map` mesh axis over which the microbatches are
       shared out, as above.
+    real_rows: None (every one of the N rows is an example), or an (N,)
+      bool mask of the rows that are (`jaxdp.train.padding`): the others
+      are padding and are never sampled.
 
   Returns:
     (sum of fn over microbatches, realised batch size as int32). With
@@ -201,12 +205,12 @@ def poisson_batch_sum(key: jax.Array, fn: Callable[[jax.Array, jax.Array], PyTre
     nothing is dropped or counted twice, however far the sample overflows the
     padding. A microbatch of padding only is skipped: `fn` gives its rows
     zero weight, so it would add exact zeros. The sample is
-    `poisson_mask(key, N, q)`, whatever the number of devices. Data
+    `poisson_mask(key, N, q)` (and `real_rows`), whatever the number of devices. Data
     parallelism changes only the order in which float sums are added (per
     device, then across devices), never which terms are added. How many
     microbatches run depends on B, so a step's duration does too: like the
-    job's duration, it is not covered by epsilon (README, "Timing is not
-    covered").
+    job's duration, it is not covered by epsilon (docs/guides/privacy.md,
+    "Timing is not covered").
   """
   validate_batch_sizes(padded_batch_size, microbatch_size)
   m = microbatch_size
@@ -217,7 +221,11 @@ def poisson_batch_sum(key: jax.Array, fn: Callable[[jax.Array, jax.Array], PyTre
   # Room for every example plus one microbatch so dynamic_slice never clamps,
   # and for the last common-path microbatch of the last device.
   length = max((math.ceil(num_examples / m) + 1) * m, per_shard * shards * m)
-  idx, count = sampled_indices(poisson_mask(key, num_examples, sampling_prob), length)
+  included = poisson_mask(key, num_examples, sampling_prob)
+  if real_rows is not None:
+    # Each real row keeps its own independent draw; a padding row is never included.
+    included = included & real_rows
+  idx, count = sampled_indices(included, length)
   positions = jnp.arange(m, dtype=jnp.int32)
 
   def start_of(j):

@@ -270,7 +270,8 @@ class NoisyMean:
   def event(self) -> dp_accounting.DpEvent:
     return dp_accounting.GaussianDpEvent(float(self.noise_multiplier))
 
-  def __call__(self, outputs, batch, key) -> jax.Array:
+  def __call__(self, outputs, batch, key, mask=None) -> jax.Array:
+    """The noisy score; `mask` (n,) bool: the real rows of a padded batch (`jaxdp.train.padding`)."""
     values = jnp.asarray(self.fn(outputs, batch), jnp.float32)
     rows = jax.tree.leaves(batch)[0].shape[:1] if jax.tree.leaves(batch) else None
     if values.ndim != 1 or (rows is not None and values.shape != rows):
@@ -285,6 +286,8 @@ class NoisyMean:
     # every term within one unit, so the float32 sum cannot overflow either.
     share = jnp.clip((values - mid) / half, -1.0, 1.0)
     share = jnp.where(jnp.isnan(share), -1.0, share)
+    if mask is not None:  # padding rows add exactly 0, whatever their values (NaN too)
+      share = jnp.where(mask, share, 0.0)
     # sigma rounded up to float32: never less noise than accounted.
     sigma = round_up_float32(float(self.noise_multiplier))
     noisy = jnp.sum(share) + sigma * jax.random.normal(key)

@@ -25,7 +25,8 @@ weights), so the DpEvent is that of the full model's run.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import math
+from typing import Any, Callable, NamedTuple
 
 import jax
 
@@ -108,3 +109,61 @@ def partial_loss(loss_fn: Callable[[PyTree, PyTree], jax.Array],
   def loss(trainable, batch):
     return loss_fn(combine(trainable, frozen), batch)
   return loss
+
+
+class Counts(NamedTuple):
+  """How many parameters train and how many are frozen: scalars and leaves (what a dry run
+  prints per compiled group)."""
+  trainable_scalars: int
+  trainable_leaves: int
+  frozen_scalars: int
+  frozen_leaves: int
+
+
+def counts(params: PyTree, leaf_mask: PyTree) -> Counts:
+  """The `Counts` of `params` (arrays or `jax.ShapeDtypeStruct`s) under `leaf_mask` (`mask`)."""
+  sizes = [math.prod(leaf.shape) for leaf in jax.tree.leaves(params)]
+  trains = jax.tree.leaves(leaf_mask)
+  return Counts(trainable_scalars=sum(s for s, t in zip(sizes, trains) if t),
+                trainable_leaves=sum(1 for t in trains if t),
+                frozen_scalars=sum(s for s, t in zip(sizes, trains) if not t),
+                frozen_leaves=sum(1 for t in trains if not t))
+
+
+class Coverage(NamedTuple):
+  """What a public start (`initial_params`) holds of a model's parameters.
+
+  Attributes:
+    given: leaves it holds.
+    total: the model's leaves.
+    whole, some, none: the model's top-level modules it holds all, some or none of the
+      leaves of (their names, in tree order).
+    frozen_from_key: frozen leaves it does not hold: they stay at their random
+      initialisation for the whole run.
+  """
+  given: int
+  total: int
+  whole: tuple
+  some: tuple
+  none: tuple
+  frozen_from_key: int
+
+
+def coverage(initial: PyTree, params: PyTree, leaf_mask: PyTree) -> Coverage:
+  """The `Coverage` of `initial` (shaped like `params`, None where it holds no leaf, as
+  `jaxdp.train.checks.check_initial_params` returns it; None: no public start)."""
+  paths = [path_str(p).split("/") for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  held = ([False] * len(paths) if initial is None else
+          [leaf is not None for leaf in jax.tree.leaves(initial, is_leaf=lambda x: x is None)])
+  # A Flax tree has one collection on top ('params'): its modules are one level down.
+  depth = 1 if len({p[0] for p in paths}) == 1 and all(len(p) > 2 for p in paths) else 0
+  modules: dict = {}
+  for path, has in zip(paths, held):
+    modules.setdefault(path[depth], []).append(has)
+  kinds = {name: "whole" if all(h) else "some" if any(h) else "none" for name, h in modules.items()}
+  return Coverage(given=sum(held), total=len(held),
+                  whole=tuple(n for n, k in kinds.items() if k == "whole"),
+                  some=tuple(n for n, k in kinds.items() if k == "some"),
+                  none=tuple(n for n, k in kinds.items() if k == "none"),
+                  frozen_from_key=sum(1 for h, t in zip(held, jax.tree.leaves(leaf_mask))
+                                      if not h and not t))

@@ -14,7 +14,7 @@ ran (the stopping time depends only on the privatised parameters). The
 training set size N is a declared public input (`Dataset.num_examples`),
 never read from the rows: every update is divided by the expected batch size
 q*N, and an expected `batch_size` b means q = b/N, whatever number of rows
-the data holds (README, "Privacy assumptions"). A config with
+the data holds (docs/guides/privacy.md). A config with
 noise_multiplier = 0 is not private at all (epsilon = inf) and warns with
 `NotPrivateWarning` when it is built.
 """
@@ -32,6 +32,7 @@ import numpy as np
 
 from jaxdp import _validate
 from jaxdp.data import Dataset
+from jaxdp.train import padding
 from jaxdp.train.config import EPSILON_METHOD, TrainConfig
 from jaxdp.train.program import LoopOutput, compile_cached, compiled, empty_state, output
 from jaxdp.train.loop_spec import traced_hparams
@@ -93,11 +94,12 @@ def score_source(task: Task) -> str:
   return PRIVATE_SOURCE if task.private_score else PUBLIC_SOURCE
 
 
-def device_splits(data: Dataset) -> tuple:
-  """(train, test, private validation) as JAX arrays (None stays None)."""
+def device_splits(data: Dataset, task: Task) -> tuple:
+  """(train, test, private validation) as JAX arrays (None stays None), the private splits
+  padded to their public capacities (`padding.host_splits`)."""
   def put(tree):
     return None if tree is None else jax.tree.map(jnp.asarray, tree)
-  return put(data.train), put(data.test), put(data.private_validation)
+  return tuple(put(split) for split in padding.host_splits(data, task))
 
 
 def result_of(run: RunPlan, out: LoopOutput, score, test_score, test_loss, wall_time_s: float,
@@ -155,12 +157,12 @@ def run_planned(run: RunPlan, data: Dataset, key: jax.Array, *,
   structure: `RunPlan.on_rows`) with `key`; nothing is checked again."""
   start = time.perf_counter() if start is None else start
   segment = compiled(run.spec).segment
-  train, test, validation = device_splits(data)
+  train, test, validation = device_splits(data, run.config.task)
   # The program every run executes (the engine's too), here in one segment from step 0.
   args = (run.dp_plan, traced_hparams(run.spec, run.config), key, train, test, validation, run.initial,
           empty_state(run.spec, data.train, key_dtype=key.dtype), np.bool_(True),
           np.int32(run.spec.num_steps))
-  executable, compile_s = compile_cached(segment, args)
+  executable, compile_s = compile_cached(segment, args, persist=padding.persistable(run.config.task))
   state, (score, test_score, test_loss) = executable(*args)
   out = output(state)
   return result_of(run, out, score, test_score, test_loss, time.perf_counter() - start,

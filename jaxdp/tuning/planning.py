@@ -24,6 +24,7 @@ from jaxdp.sweep.build import Trainable, build_plan, noise_family
 from jaxdp.sweep.plan import SearchPlan, candidate_event
 from jaxdp.sweep.task_plan import Group
 from jaxdp.train.config import NotPrivateWarning
+from jaxdp.tuning import probe as probe_lib
 
 #: The largest noise a calibration tries.
 SIGMA_MAX = 1e3
@@ -131,6 +132,12 @@ def k_quantile(distribution: acc.KDistribution, p: float) -> int:
 class DryRun:
   """What a private random search would do, computed without training.
 
+  `print` it (`str`): a summary first (the accounting, K's law, the score, the
+  expected compute and time, then one block per compiled group: its
+  hyperparameters and shapes, its trainable and frozen parameters, what
+  `initial_params` holds, and how many leaves take each clipping path);
+  `format(verbose=True)` adds every parameter's clipping path and why.
+
   Attributes:
     epsilon: epsilon of the whole search at `delta` ("best").
     delta: delta.
@@ -147,6 +154,10 @@ class DryRun:
     auto_static: hyperparameter -> why it was made static (see `Group`).
     function: for a search over a training function, its name (module.qualname): jaxdp does
       not see inside it.
+    timings: with `probe=True`, one `jaxdp.tuning.probe.GroupTiming` per group; else empty.
+    expected_seconds: with `probe=True`, (compilation, DP steps): the search's expected wall
+      time under K's law (`jaxdp.tuning.probe.expected_seconds`); None otherwise, or when a
+      group's steps could not be timed.
   """
   epsilon: float
   delta: float
@@ -162,8 +173,14 @@ class DryRun:
   score_source: str
   auto_static: Mapping[str, str] = dataclasses.field(default_factory=dict)
   function: Optional[str] = None
+  timings: tuple = ()
+  expected_seconds: Optional[tuple] = None
 
   def __str__(self) -> str:
+    return self.format()
+
+  def format(self, verbose: bool = False) -> str:
+    """The report: the summary, then (`verbose`) each parameter's clipping path and why."""
     sigma = "" if self.noise_multiplier is None else f", calibrated sigma={self.noise_multiplier:.4f}"
     lines = [
         f"private random search: epsilon={self.epsilon:.4f} at delta={self.delta:g}{sigma}",
@@ -178,17 +195,84 @@ class DryRun:
     lines += [
         f"compute: E[DP steps]={self.expected_steps:,.0f}, "
         f"E[per-example gradients]={self.expected_gradient_evaluations:,.0f}",
-        f"{len(self.groups)} compiled group(s):",
+        _time_line(self), f"{len(self.groups)} compiled group(s):",
     ]
     lines[-1:-1] = [f"static automatically: {name!r} ({why}): one compilation per value"
                     for name, why in self.auto_static.items()]
     lines += [f"  compiled separately: {why}" for why in _why_separate(self.groups)]
-    for g in self.groups:
-      lines.append(f"  {g.grid_points} grid point(s), static {dict(g.static)}, traced "
-                   f"{list(g.traced)}, q={g.sampling_prob:.4g}, steps={g.steps}, "
-                   f"padded batch={g.padded_batch_size}, microbatch={g.microbatch_size}")
-      lines += [f"    clipping {param}: {path} ({why})" for param, path, why in g.clipping]
+    for i, g in enumerate(self.groups):
+      lines += _group_lines(i, g, self.timings[i] if self.timings else None, len(self.groups))
+    if verbose:
+      for i, g in enumerate(self.groups):
+        lines.append(f"clipping path of each parameter{_group_name(i, len(self.groups))}:")
+        lines += [f"    clipping {param}: {path} ({why})" for param, path, why in g.clipping]
     return "\n".join(lines)
+
+
+def _time_line(report: DryRun) -> str:
+  """The expected wall time, or how to measure it: never a number nothing measured."""
+  if report.expected_seconds is None:
+    if report.timings:
+      return "time: not estimated: a group's probe became non-finite before any step was timed"
+    return ("time: not measured: dry_run(..., probe=True) compiles each group and times a few "
+            "DP steps")
+  compile_s, steps_s = report.expected_seconds
+  return (f"time: about {_duration(compile_s + steps_s)} expected = compilation "
+          f"{_duration(compile_s)} + DP steps {_duration(steps_s)} (probed; "
+          f"E[K]={report.expected_candidates:g} from K's law, one candidate at a time on one "
+          "device, scoring not included)")
+
+
+def _duration(seconds: float) -> str:
+  if seconds < 1.0:
+    return f"{seconds * 1e3:.3g} ms"
+  if seconds < 120.0:
+    return f"{seconds:.3g} s"
+  return f"{seconds / 60:.3g} min" if seconds < 7200.0 else f"{seconds / 3600:.3g} h"
+
+
+def _group_name(i: int, n: int) -> str:
+  return f" (group {i + 1})" if n > 1 else ""
+
+
+def _group_lines(i: int, g: Group, timing, n: int) -> list:
+  """A compiled group's summary: shapes, parameters, public start, clipping paths by kind."""
+  head = "  " + (f"group {i + 1}: " if n > 1 else "")
+  lines = [f"{head}{g.grid_points} grid point(s), static {dict(g.static)}, traced "
+           f"{list(g.traced)}, q={g.sampling_prob:.4g}, steps={g.steps}, "
+           f"padded batch={g.padded_batch_size}, microbatch={g.microbatch_size}"]
+  if g.parameters is not None:
+    c = g.parameters
+    lines.append(f"    parameters: {c.trainable_scalars:,} trainable in {c.trainable_leaves} "
+                 f"leaves, {c.frozen_scalars:,} frozen in {c.frozen_leaves} leaves")
+  if g.initial is not None:
+    lines.append(f"    initial_params: {_coverage(g.initial)}")
+  kinds = {"ghost": "ghost norms", "per-example": "per-example gradients", "frozen": "frozen"}
+  found = [path for _, path, _ in g.clipping]
+  if found:
+    lines.append("    clipping: " + "; ".join(f"{label}: {found.count(kind)} leaves"
+                                                for kind, label in kinds.items() if kind in found))
+  if timing is not None:
+    step = ("no step timed (non-finite)" if timing.step_s is None else
+            f"{_duration(timing.step_s)} per DP step ({timing.steps_timed} timed)")
+    lines.append(f"    probe: compiled in {_duration(timing.compile_s)}, {step}")
+  return lines
+
+
+def _coverage(c) -> str:
+  """What `initial_params` holds, by top-level module."""
+  if not c.given:
+    what = "none (every parameter initialised from the key)"
+  elif c.given == c.total:
+    what = f"all {c.total} leaves"
+  else:
+    parts = [f"{word} of {', '.join(names)}" for word, names in
+             (("all", c.whole), ("some", c.some), ("none", c.none)) if names]
+    what = f"{c.given} of {c.total} leaves: {'; '.join(parts)}"
+  if c.frozen_from_key:
+    what += (f"; {c.frozen_from_key} frozen leaves are not in it: they stay at their random "
+             "initialisation")
+  return what
 
 
 def _why_separate(groups: Sequence) -> list:
@@ -206,9 +290,9 @@ def _why_separate(groups: Sequence) -> list:
   return out
 
 
-def dry_run_report(plan: SearchPlan, accounting: Accounting,
-                   distribution: acc.KDistribution) -> DryRun:
-  """The `DryRun` of a tuner's plan and accounting."""
+def dry_run_report(plan: SearchPlan, accounting: Accounting, distribution: acc.KDistribution,
+                   timings: Sequence = ()) -> DryRun:
+  """The `DryRun` of a tuner's plan and accounting (`timings`: its groups' probes, if any)."""
   mean_k = float(distribution.mean)
   summary = plan.summary()
   return DryRun(
@@ -220,7 +304,8 @@ def dry_run_report(plan: SearchPlan, accounting: Accounting,
       expected_gradient_evaluations=(None if summary["gradients"] is None
                                      else mean_k * summary["gradients"]),
       score_source=plan.score_source, auto_static=summary["auto_static"],
-      function=summary["function"])
+      function=summary["function"], timings=tuple(timings),
+      expected_seconds=probe_lib.expected_seconds(summary["groups"], timings, distribution))
 
 
 __all__ = ["Accounting", "DryRun", "Group", "account", "calibrate", "dry_run_report", "prepare"]

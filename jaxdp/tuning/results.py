@@ -39,6 +39,7 @@ import jaxdp
 from jaxdp import accounting as acc
 from jaxdp.sweep import artifacts
 from jaxdp.sweep.space import _json_value, config_record
+from jaxdp.train.task import Model, Task
 
 #: The name of a saved release's description (beside its arrays, `ARRAYS`).
 RELEASE_JSON = "release.json"
@@ -46,6 +47,19 @@ RELEASE_JSON = "release.json"
 ARRAYS = "arrays.npz"
 #: What `save` writes in `RELEASE_JSON`'s "format".
 FORMAT = "jaxdp-release-1"
+
+
+class NothingReleasedWarning(UserWarning):
+  """A search released nothing (`TunedResult.hyperparameters` is None): the mechanism as
+  designed, not a failure (its epsilon is spent all the same)."""
+
+
+def nothing_released(tuner: str, why: str, remedy: str) -> str:
+  """The `NothingReleasedWarning` text: which search, `why` it can release nothing (the same
+  words for every way it can happen) and the `remedy` that makes it rarer."""
+  return (f"{tuner} released nothing (hyperparameters, params: None; score: nan): {why}. This "
+          f"is the mechanism working as designed, and its epsilon is spent all the same. "
+          f"{remedy}").rstrip()
 
 
 @dataclasses.dataclass(frozen=True, eq=False, repr=False, slots=True)
@@ -113,7 +127,7 @@ class TunedResult:
   `random_search` and `threshold_search`, of a jaxdp task or of a training function
   (`SubsampledResult` extends it).
 
-  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
+  Privacy assumptions (docs/guides/privacy.md): neighbouring data sets
   differ by adding or removing one private example (training or private
   validation), which is what `event` accounts; the training set size N is
   the declared public `data.num_examples`, never counted from the rows (every
@@ -206,6 +220,23 @@ class TunedResult:
       json.dump(description, f, indent=1, sort_keys=True)
     return path
 
+  def model(self, task: Task) -> Model:
+    """The released model: `task`'s model for the selected configuration's hyperparameters
+    (every one the model factory reads, those the grid did not vary included).
+
+    Raises:
+      ValueError: nothing was released, the result is a training function's (its artifact is
+        `params`, yours to apply), or `task` is not the task the search trained.
+    """
+    # The hyperparameters the candidate trained with, as they were (the record's are JSON).
+    record = None if self.config is None else {"task": self.config.task.name,
+                                               "hparams": self.config.hparams}
+    return _released_model(task, self.params, self.hyperparameters, record)
+
+  def apply(self, task: Task, inputs: Any) -> Any:
+    """The released model's outputs on `inputs` (a batch): `self.model(task).apply(params, inputs)`."""
+    return self.model(task).apply(self.params, inputs)
+
   def __getstate__(self):
     # A pickled result is its release: what is not covered stays in this process.
     state = dict(self.__dict__)
@@ -248,7 +279,7 @@ class SubsampledResult(TunedResult):
   X1; returned so callers can audit the split), `gradient_evaluations` (a
   function of K) and the `compute_ratio` it gives.
 
-  Privacy assumptions (README, "Privacy assumptions"): neighbouring data sets
+  Privacy assumptions (docs/guides/privacy.md): neighbouring data sets
   differ by adding or removing one training example, as `event` accounts. The
   training set size N is the declared public `data.num_examples`, and every
   size the procedure uses derives from it and q, never from the rows drawn:
@@ -279,6 +310,7 @@ class SubsampledResult(TunedResult):
       noise only, as does the final run on an empty final set).
     final_train_size: n, the declared size of the final training set (N - m for variant 1, N
       for variant 2).
+
     variant: 1 or 2.
     q: subset sampling rate.
   """
@@ -294,7 +326,7 @@ class SubsampledResult(TunedResult):
 
 @dataclasses.dataclass(frozen=True)
 class Release:
-  """A release read back from disk (`load_release`): what a tuner's result `save`d.
+  """A release read back from disk (`load_release`): what a tuner's result saved (`save`).
 
   Attributes:
     kind: the result type that saved it ("TunedResult", "SubsampledResult").
@@ -316,6 +348,39 @@ class Release:
   event: Optional[str]
   params: Any = dataclasses.field(repr=False)
   details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def model(self, task: Task) -> Model:
+    """The released model, rebuilt from `task` (the `Task` the search trained: its functions are
+    code, not saved) and the released configuration's hyperparameters (`TunedResult.model`).
+
+    Raises:
+      ValueError: as `TunedResult.model`.
+    """
+    return _released_model(task, self.params, self.hyperparameters, self.details.get("config"))
+
+  def apply(self, task: Task, inputs: Any) -> Any:
+    """The released model's outputs on `inputs` (a batch): `self.model(task).apply(params, inputs)`."""
+    return self.model(task).apply(self.params, inputs)
+
+
+def _released_model(task: Task, params: Any, hyperparameters: Optional[Mapping[str, Any]],
+                    record: Optional[Mapping[str, Any]]) -> Model:
+  """`task`'s model for the released configuration `record` (`config_record`'s "task" and
+  "hparams")."""
+  if hyperparameters is None or params is None:
+    raise ValueError("the search released nothing (hyperparameters=None: K = 0, or no candidate "
+                     "had a finite score or reached the threshold): there is no model to apply")
+  if record is None:
+    raise ValueError("a training function's release has no model to rebuild: its artifact is "
+                     "`params`, in the form the training function returned it")
+  if not isinstance(task, Task):
+    raise ValueError(f"task must be the jaxdp.train.Task the search trained, got {task!r:.200}")
+  if task.name != record["task"]:
+    raise ValueError(f"task={task.name!r} is not the task the search trained ({record['task']!r}): "
+                     "its model would not fit the released parameters")
+  # The configuration's hyperparameters, not only the grid point: a model factory may read
+  # a value the grid did not vary (`hparams=dict(model="mlp")` on the base configuration).
+  return task.model_for(dict(record["hparams"]))
 
 
 def _number(value) -> float:

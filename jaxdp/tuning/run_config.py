@@ -20,7 +20,7 @@ class RunConfig:
     run_dir: None, or a directory that keeps every finished candidate
       (`jaxdp.sweep.CandidateStore`): rerun the same call after a crash and it trains only what
       is missing. It holds unreleased candidates: trust it like code and keep it as secret as
-      the data (README, "Privacy assumptions").
+      the data (docs/guides/privacy.md).
     trainer: what trains the candidates: `jaxdp.sweep.LocalTrainer(devices=..., progress=...)`
       (the default, `LocalTrainer()`) or `jaxdp.sweep.RayTrainer(chunk_size=...)` for a Ray
       cluster.

@@ -22,9 +22,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import warnings
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
+import numpy as np
 from tqdm.auto import tqdm
 
 from jaxdp import _validate
@@ -34,10 +36,12 @@ from jaxdp.sweep.build import Trainable
 from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.trainers import check as check_trainer
 from jaxdp.sweep.store import CandidateStore, check_run_dir
+from jaxdp.sweep.task_plan import TaskPlan
 from jaxdp.tuning import _args
 from jaxdp.tuning import draws
 from jaxdp.tuning import planning
-from jaxdp.tuning.results import TunedResult, Unreleased
+from jaxdp.tuning import probe as probe_lib
+from jaxdp.tuning.results import NothingReleasedWarning, TunedResult, Unreleased, nothing_released
 from jaxdp.tuning.run_config import RunConfig, run_config as checked_run_config
 
 
@@ -55,8 +59,8 @@ def random_search(trainable: Trainable, search_space: Optional[Mapping[str, Sequ
     trainable: the base `TrainConfig` (its task trained with jaxdp's engine and accounted from
       its configurations), a ready `SearchSpace` (then `search_space` is None), or a
       `TrainFunction`: `train_fn(hparams, seed) -> (score, artifact)` called once per
-      candidate, accounted by its `dp_event_fn(hparams) -> DpEvent` (README, "Tune any
-      trainer"; the contract is below).
+      candidate, accounted by its `dp_event_fn(hparams) -> DpEvent`
+      (docs/guides/tune_any_trainer.md; the contract is below).
     search_space: grid name -> non-empty sequence of values (`jaxdp.sweep.SearchSpace`); for a
       `TrainFunction`, the hyperparameters it is called with (every combination, a dict).
     data: a `jaxdp.data.Dataset`: private training split; the score reads the public test split,
@@ -94,6 +98,7 @@ def random_search(trainable: Trainable, search_space: Optional[Mapping[str, Sequ
     - It raises only for reasons the data do not decide: an exception stops the search
       (`jaxdp.sweep.TrainFunctionError`), which would reveal them. A numerical failure should
       return a non-finite score: it counts as the worst.
+
   What is checked: every grid point's event (a DpEvent, the same on two calls, that some
   accounting method supports); each return is a (score, artifact) tuple with a real score; a
   `run_dir` is refused for another key, grid, law of K, either function (its code and what it
@@ -111,7 +116,25 @@ def random_search(trainable: Trainable, search_space: Optional[Mapping[str, Sequ
                       trainer=run.trainer) as store:
     cands = draws.draw_search(plan, distribution, key)
     results = store.train(cands)
-  return released(plan, accounting, store, cands, results, draws.best_index(results))
+  chosen = draws.best_index(results)
+  if chosen is None:
+    warn_nothing_released("random_search", distribution)
+  return released(plan, accounting, store, cands, results, chosen)
+
+
+def warn_nothing_released(tuner: str, distribution: acc.KDistribution) -> None:
+  """Warns that a Papernot-Steinke search (`tuner`) released nothing.
+
+  The empty release is public (it is what epsilon covers), and the warning says no more than
+  it: the same words whether K = 0 was drawn or no candidate's score was finite (which of the
+  two happened is not covered by epsilon), and P(K=0) is a property of the public law of K.
+  """
+  remedy = ("A law of K with no mass at 0 (acc.Geometric, acc.Logarithmic: truncated negative "
+            "binomials, or acc.Fixed) never draws K = 0." if distribution.prob_zero > 0 else "")
+  warnings.warn(nothing_released(
+      tuner, f"either K = 0 candidates were drawn (P(K=0) = {distribution.prob_zero:.3g} under "
+      f"{distribution}) or no candidate's score was finite", remedy),
+      NothingReleasedWarning, stacklevel=3)
 
 
 def _random_search_plan(trainable, search_space, data, *, distribution, key, target_delta,
@@ -168,7 +191,7 @@ def dry_run(trainable: Trainable, search_space: Optional[Mapping[str, Sequence]]
             data: Optional[Dataset] = None, *, distribution: acc.KDistribution,
             key: Optional[jax.Array] = None, target_delta: float = 1e-5,
             target_epsilon: Optional[float] = None, initial_params: Any = None,
-            run_config: Optional[RunConfig] = None) -> planning.DryRun:
+            run_config: Optional[RunConfig] = None, probe: bool = False) -> planning.DryRun:
   """What `random_search` with these arguments would do, without training anything.
 
   Takes every argument `random_search` takes (`key` may be left out: the plan does not depend
@@ -176,18 +199,42 @@ def dry_run(trainable: Trainable, search_space: Optional[Mapping[str, Sequence]]
   shapes, `initial_params` against every model, the trainer, and a `run_dir` that holds another
   search (`SearchMismatchError`, read only: nothing is written there). Calibrates the noise for
   `target_epsilon` if given. Returns a `planning.DryRun`: epsilon of the whole search, K's law
-  (mean, P(K=0), quantiles), the groups that will compile and each layer's clipping path, and
-  the expected compute (E[K] x steps, E[K] x steps x q N per-example gradients). A training
-  function is never called: its every grid point's `dp_event_fn` is, and the report names the
-  function (E[calls] = E[K]). `print` it.
+  (mean, P(K=0), quantiles), the expected compute (E[K] x steps, E[K] x steps x q N
+  per-example gradients), and per compiled group its trainable and frozen parameters, what
+  `initial_params` holds and how many leaves take each clipping path (`format(verbose=True)`
+  names each). A training function is never called: its every grid point's `dp_event_fn` is,
+  and the report names the function (E[calls] = E[K]). `print` it.
+
+  Time: by default the report states no wall time, only how to measure it: the dry run
+  compiles nothing (it stays a matter of seconds on a large model), and a time not measured
+  on this machine would be a guess. `probe=True` compiles each group's program and times a
+  few of its DP steps on public stand-in data (`jaxdp.tuning.probe`: the test split's rows,
+  never the private ones), then states the expected wall time from K's public law (E[K], and
+  the chance each group is drawn), never from a drawn K; this costs each group's compilation.
+
+  Raises:
+    ValueError: any argument `random_search` refuses; `probe` not a bool, or True for a
+      training function (which a dry run never calls).
   """
+  if not isinstance(probe, (bool, np.bool_)):
+    raise ValueError(f"probe must be a bool (True or False), got {probe!r}")
+  key = jax.random.key(0) if key is None else key
   plan, accounting, run, fingerprint = _random_search_plan(
-      trainable, search_space, data, distribution=distribution,
-      key=jax.random.key(0) if key is None else key, target_delta=target_delta,
-      target_epsilon=target_epsilon, initial_params=initial_params, run_config=run_config)
+      trainable, search_space, data, distribution=distribution, key=key,
+      target_delta=target_delta, target_epsilon=target_epsilon, initial_params=initial_params,
+      run_config=run_config)
   if run.run_dir is not None:  # what the search would refuse there (read only)
     check_run_dir(plan, run.run_dir, fingerprint)
-  return planning.dry_run_report(plan, accounting, distribution)
+  timings = ()
+  if probe:
+    if not isinstance(plan, TaskPlan):
+      raise ValueError("probe=True times a task's compiled groups; a dry run never calls a "
+                       "training function, so it has nothing to time (give probe=False)")
+    # The probe's noise and batches are discarded (only its wall time is kept): any key of the
+    # search's implementation, whose cost per step is the search's, will do.
+    probe_key = jax.random.key(0, impl=jax.random.key_impl(key))
+    timings = probe_lib.probe(plan.group_runs(), plan.data, probe_key)
+  return planning.dry_run_report(plan, accounting, distribution, timings)
 
 
 def threshold_search(trainable: Trainable, search_space: Optional[Mapping[str, Sequence]] = None,
@@ -205,10 +252,10 @@ def threshold_search(trainable: Trainable, search_space: Optional[Mapping[str, S
   depends on the data: `result.unreleased.num_candidates`).
 
   Args:
-    trainable, search_space, data, key, target_delta, target_epsilon, initial_params,
-      run_config: as in `random_search` (a training function's contract included); a rerun on
-      a `run_dir` replays the same candidates and stop decisions and resumes at the first
-      candidate not yet stored.
+    trainable: as in `random_search` (a training function's contract included), and so are
+      `search_space`, `data`, `key`, `target_delta`, `target_epsilon`, `initial_params` and
+      `run_config`; a rerun on a `run_dir` replays the same candidates and stop decisions and
+      resumes at the first candidate not yet stored.
     threshold: a finite score to reach (the task's or the function's score).
     distribution: the law of the number of candidates when none reaches the threshold:
       `acc.Geometric(gamma=stop_prob)` (stop with probability gamma in (0, 1) after each failed
@@ -249,6 +296,13 @@ def threshold_search(trainable: Trainable, search_space: Optional[Mapping[str, S
         break
       if draws.stops(stop_key, stop_prob):
         break
+  if chosen is None:
+    # The empty release is public; the same words whether the stop coin or the cap stopped it.
+    warnings.warn(nothing_released(
+        "threshold_search", f"no candidate's score reached the threshold {threshold:g} before "
+        f"the search stopped ({distribution})", "A lower threshold, or a law of K that stops "
+        "later (a smaller stop probability), makes that rarer."),
+        NothingReleasedWarning, stacklevel=2)
   return released(plan, accounting, store, cands, results, chosen)
 
 

@@ -182,10 +182,12 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace],
       final set is a valid outcome.
 
   Example:
-    res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data,
-                            subset=SubsetTuning(q=0.2, variant=1), distribution=acc.Poisson(5),
-                            key=jax.random.key(0))
-    res.epsilon, res.score, res.unreleased.compute_ratio  # the last not for publication
+    ::
+
+      res = subsampled_search(config, {"learning_rate": [0.1, 1.0]}, data,
+                              subset=SubsetTuning(q=0.2, variant=1), distribution=acc.Poisson(5),
+                              key=jax.random.key(0))
+      res.epsilon, res.score, res.unreleased.compute_ratio  # the last not for publication
   """
   # Every argument is checked before the subset is drawn, K is drawn or
   # anything trains, so whether the call fails never depends on the draws.
@@ -208,6 +210,9 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace],
     cands = draws.draw_search(args.plan, args.distribution, search_key)
     results = store.train(cands)
     best = draws.best_index(results)
+    if best is None:  # the final run still trains, at the first grid point (data-independent)
+      search_lib.warn_nothing_released("subsampled_search's random search on the subset",
+                                        args.distribution)
     chosen = args.plan.run_of(cands[best].config if best is not None else args.plan.configs[0])
     final_config, factor = extrapolate(chosen.config, args.m, args.n)
     final_data = _split(args.data, final_mask, "X \\ X1" if args.subset.variant == 1 else "X",
@@ -314,6 +319,9 @@ def _draw_subset(args: _Checked, subset_key: jax.Array) -> tuple[np.ndarray, np.
     runs on the empty set are noise only, and nothing here raises, so
     whether the call fails never depends on the draw.
   """
-  mask = np.asarray(poisson_mask(subset_key, args.data.num_train_rows, args.subset.q))
+  # Drawn over the public row capacity, then cut to the rows present on the host: row i keeps
+  # its own draw, and no program is compiled for the private row count.
+  draws = np.asarray(poisson_mask(subset_key, args.data.row_capacity, args.subset.q))
+  mask = draws[:args.data.num_train_rows]
   final_mask = ~mask if args.subset.variant == 1 else np.ones_like(mask)
   return mask, final_mask

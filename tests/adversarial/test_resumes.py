@@ -123,12 +123,12 @@ def _with_momentum(name):
 def test_a_changed_traced_value_is_refused(name, data, tmp_path):
   config_changes, task_changes = CONFIG_CHANGES[name]
   _resume_search(_with_momentum(name), data, str(tmp_path), trainer=fake_trainer([]))
-  with pytest.raises(SearchMismatchError, match=r"differs in: configs; configs at grid point"):
+  with pytest.raises(SearchMismatchError, match=r"differs in: configs\):\n  - hparams\.momentum: stored 0\.9, now 0\.1 \(at every grid point\)|differs in: configs\):\n  - l2_clip_norm: stored 1\.0, now 10\.0 \(at every grid point\)"):
     _resume_search(make_config(config_changes, **task_changes), data, str(tmp_path), trainer=refusing)
   sweep_dir = str(tmp_path / "sweep")
   first = grid_candidates(SearchSpace(_with_momentum(name), RESUME_GRID), seeds=[0])
   run_sweep(first, data, sweep_dir, SWEEP_FP, trainer=fake_trainer([]))
-  with pytest.raises(SearchMismatchError, match=r"differs in: configs; "):
+  with pytest.raises(SearchMismatchError, match=r"differs in: configs\)"):
     run_sweep(grid_candidates(SearchSpace(make_config(config_changes, **task_changes), RESUME_GRID), seeds=[0]),
               data, sweep_dir, SWEEP_FP, trainer=refusing)
 
@@ -158,9 +158,9 @@ def test_a_changed_mechanism_is_refused_before_anything_trains(name, finished, d
   change, parts = CHANGES[name]
   before = _files(run_dir)
   with pytest.raises(SearchMismatchError,
-                     match=rf"differs in: {parts}; .*second search on the same data") as err:
+                     match=rf"(?s)differs in: {parts}\):\n.*second search on the same data") as err:
     _resume_search(make_config(**change), data, run_dir, trainer=refusing)
-  assert "grid point {\"learning_rate\":0.05}" in str(err.value)  # where it differs
+  assert "(at every grid point)" in str(err.value)  # where it differs
   assert _files(run_dir) == before  # nothing trained, nothing written
 
 
@@ -170,6 +170,25 @@ def test_the_refusal_quotes_the_old_and_the_new_event(finished, data):
     _resume_search(make_config(sigma=100.0), data, run_dir, trainer=refusing)
   assert "GaussianDpEvent(noise_multiplier=1.0)" in str(err.value)
   assert "GaussianDpEvent(noise_multiplier=100.0)" in str(err.value)
+
+
+def test_the_refusal_is_a_short_diff_of_public_values_only(finished, data):
+  # Issue 45's example: `noise_multiplier: stored 1.0, now 2.5`, the event's change beside it,
+  # under 800 characters, with the way out; no key digest, candidate id or program digest.
+  run_dir, _ = finished
+  with pytest.raises(SearchMismatchError) as err:
+    _resume_search(make_config(dict(noise_multiplier=2.5)), data, run_dir, trainer=refusing)
+  message = str(err.value)
+  assert len(message) < 800, len(message)
+  assert "\n  - noise_multiplier: stored 1.0, now 2.5 (at every grid point)\n" in message
+  assert ("\n  - dp_event: stored ...GaussianDpEvent(noise_multiplier=1.0)..., now "
+          "...GaussianDpEvent(noise_multiplier=2.5)... (at every grid point)\n") in message
+  assert "new run_dir, or delete this one" in message
+  manifest = json.loads(open(os.path.join(run_dir, "manifest.json")).read())
+  ids = [json.loads(line)["id"] for line in open(os.path.join(run_dir, "results.jsonl"))]
+  secrets = [manifest["key"], *manifest["jaxdp_mechanism"]["programs"].values(),
+             manifest["jaxdp_data"]["sha256"], *ids]
+  assert not [s for s in secrets if s[:12] in message]
 
 
 def _assert_same_release(a, b):
@@ -194,7 +213,7 @@ def test_a_real_search_resumes_bit_for_bit_and_refuses_the_issues_example(data, 
   _assert_same_release(again, first)
   # NoisyMean(noise_multiplier=100) would release the score computed with sigma = 1 and
   # report the epsilon of sigma = 100.
-  with pytest.raises(SearchMismatchError, match="differs in: dp_events, programs; "):
+  with pytest.raises(SearchMismatchError, match=r"differs in: dp_events, programs\)"):
     _resume_search(make_config(sigma=100.0), data, str(tmp_path), devices=two_devices, trainer=refusing)
   assert _files(tmp_path) == before
 
@@ -254,7 +273,8 @@ def test_a_stored_final_run_of_another_configuration_is_refused(data, tmp_path):
     assert ran == [1] and store.resumed == 1
     with pytest.raises(SearchMismatchError, match="'final' run with another dp_event"):
       store.train_lone("final", planned(make_config(sigma=100.0)), train)
-    with pytest.raises(SearchMismatchError, match="'final' run with another config"):
+    with pytest.raises(SearchMismatchError, match=r"'final' run with another config "
+                                                  r"\(config\.hparams\.learning_rate: stored 0\.1, now 0\.3\)"):
       store.train_lone("final", planned(config.replace(learning_rate=0.3)), train)
   assert ran == [1]
 
@@ -335,7 +355,7 @@ def swept(data, tmp_path_factory):
 def test_run_sweep_refuses_a_changed_mechanism(name, swept, data):
   before = _files(swept)
   change, parts = CHANGES[name]
-  with pytest.raises(SearchMismatchError, match=rf"differs in: {parts}; "):
+  with pytest.raises(SearchMismatchError, match=rf"differs in: {parts}\)"):
     run_sweep(_candidates(**change), data, swept, SWEEP_FP, trainer=refusing)
   assert _files(swept) == before
 
@@ -346,11 +366,11 @@ def test_run_sweep_refuses_other_data_and_another_public_start(swept, data):
   w = rng.normal(size=6)
   for split in ("train", "private_validation"):
     other = dataclasses.replace(data, **{split: mlp_task.split(rng, N if split == "train" else VALIDATION, w)})
-    with pytest.raises(SearchMismatchError, match=r"differs in: jaxdp_data; "):
+    with pytest.raises(SearchMismatchError, match=r"differs in: jaxdp_data\):\n  - jaxdp_data: other data"):
       run_sweep(_candidates(), other, swept, SWEEP_FP, trainer=refusing)
   spec = loop_spec.LoopSpec.from_config(make_config(), data)
   start = jax.tree.map(lambda s: np.ones(s.shape, s.dtype), program.param_shapes(spec, data.train))
-  with pytest.raises(SearchMismatchError, match=r"differs in: jaxdp_initial_params; "):
+  with pytest.raises(SearchMismatchError, match=r"differs in: jaxdp_initial_params\):\n  - jaxdp_initial_params: another public start"):
     run_sweep(_candidates(), data, swept, SWEEP_FP, trainer=refusing,
               initial_params=start)
   assert _files(swept) == before
@@ -362,16 +382,22 @@ def test_run_sweep_resumes_an_identical_sweep_without_training(swept, data):
   assert pool.done_ids() == {c.id for c in _candidates()} and _files(swept) == before
 
 
-def test_run_sweep_grows_by_points_and_seeds_of_the_same_mechanism(data, tmp_path):
+def test_run_sweep_grows_by_points_and_seeds_of_the_same_mechanism(data, tmp_path, capsys):
   fp = SWEEP_FP
   trained = []
   run_sweep(_candidates(), data, tmp_path, fp, trainer=fake_trainer(trained))
+  assert "resumed" not in capsys.readouterr().err  # a new pool: nothing to resume
   more = _candidates({"learning_rate": [0.05, 0.2, 0.8]}, seeds=(0, 1))
   pool = run_sweep(more, data, tmp_path, fp, trainer=fake_trainer(trained))
   assert len(trained) == 6 and pool.done_ids() == {c.id for c in more}
+  # Issue 45: a rerun says what it read back of the (public, fixed) grid and what remains.
+  assert (f"run_sweep: resumed 2 of 6 candidates from {tmp_path} (stored by an earlier run); "
+          "training the other 4") in capsys.readouterr().err
+  run_sweep(more, data, tmp_path, fp, trainer=refusing)
+  assert "resumed 6 of 6 candidates from" in capsys.readouterr().err
   # The new point is recorded: changing its mechanism now is refused too.
   with pytest.raises(SearchMismatchError,
-                     match=r"differs in: programs; programs at grid point \{\"learning_rate\":0.8\}: "):
+                     match=r"differs in: programs\):\n  - program: .* \(at grid point \{\"learning_rate\":0.8\}\)"):
     run_sweep(_candidates({"learning_rate": [0.8]}, optimizer=adam), data, tmp_path, fp,
               trainer=refusing)
 

@@ -227,8 +227,9 @@ RATE_CASES = [(0.3, 8), (1e-7, 9), (1e-9, 7), (2.0**-24, 9)]
 
 
 def _subset_args(rows, q, variant=2):
-  """What `_draw_subset` reads of `subsampled_search`'s checked arguments."""
-  return types.SimpleNamespace(data=types.SimpleNamespace(num_train_rows=rows),
+  """What `_draw_subset` reads of `subsampled_search`'s checked arguments (the draw runs over
+  the public row capacity, cut to the rows present: here both are `rows`)."""
+  return types.SimpleNamespace(data=types.SimpleNamespace(num_train_rows=rows, row_capacity=rows),
                                subset=types.SimpleNamespace(q=q, variant=variant))
 
 

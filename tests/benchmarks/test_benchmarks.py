@@ -243,8 +243,9 @@ def test_second_process_benchmark():
   assert out["quick"] is True and out["command"] == "python -m benchmarks.second_process --quick"
   _positive_numbers(out, ["first_process_s", "second_process_s", "first_search_s", "second_search_s",
                           "second_over_first"])
-  # The second process reads its programs from the cache: the same release, bit for bit.
-  assert out["same_release"] is True
+  # The second process reads its programs from the cache (default settings): it writes none,
+  # and releases the same, bit for bit.
+  assert out["same_release"] is True and out["second_new_entries"] == 0
 
 
 def test_noise_throughput_benchmark():
@@ -255,6 +256,20 @@ def test_noise_throughput_benchmark():
   for row in out["results"]:
     _positive_numbers(row, ["one_draw_s", "per_leaf_s", "one_draw_msamples_per_s",
                             "per_leaf_msamples_per_s"])
+
+
+def test_plan_overhead_benchmark():
+  out = _run("benchmarks.plan_overhead", "--quick")
+  assert out["quick"] is True and out["command"] == "python -m benchmarks.plan_overhead --quick"
+  assert (out["vocab"], out["width"], out["depth"], out["length"], out["repeats"]) == (512, 32, 1, 16, 1)
+  _positive_numbers(out, ["plan_runs_s", "plan_runs_cpu_s", "dry_run_s", "dry_run_cpu_s", "loss_traces"])
+  stages = out["plan_runs_cpu_breakdown_s"]
+  assert set(stages) == {"analysis_forward_traces", "gradient_traces", "model_init", "optimizer_concreteness",
+                         "check_model_on_two_rows", "check_score", "check_dp_step"}
+  _positive_numbers(stages, list(stages))
+  # One block: 2 embeddings, 4 attention projections, 2 MLP layers and the head (2 leaves each
+  # but the embeddings), 3 layer norms (2 each): every parameter has its clipping path.
+  assert out["dry_run_clipping_paths"] == 2 + 4 * 2 + 2 * 2 + 2 + 3 * 2
 
 
 def test_compile_groups_benchmark():

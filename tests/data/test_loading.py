@@ -1,3 +1,7 @@
+import io
+import socket
+import time
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -65,10 +69,76 @@ def test_download_failure_names_the_offline_options(monkeypatch):
   def fail(*args, **kwargs):
     raise ConnectionError("no route to host")
   monkeypatch.setattr(tfds, "data_source", fail)
+  # The host answers (TFDS's own download then fails): its error, with the offline options.
+  monkeypatch.setattr(socket, "create_connection", lambda *a, **k: io.BytesIO())
   with pytest.raises(data.DatasetUnavailableError) as info:
     data.load("mnist", "train", data_dir="/nonexistent")
   message = str(info.value)
   assert "mnist_offline" in message and "digits" in message and "no route to host" in message
+
+
+def _unreachable(monkeypatch):
+  """Every connection fails (as offline); returns the (host, port) pairs tried."""
+  tried = []
+
+  def connect(address, timeout=None, *args, **kwargs):
+    tried.append(address)
+    raise OSError("network is unreachable")
+  monkeypatch.setattr(socket, "create_connection", connect)
+  for variable in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+    monkeypatch.delenv(variable, raising=False)
+  return tried
+
+
+def test_an_unreachable_download_host_fails_at_once_naming_the_way_offline(monkeypatch, tmp_path):
+  # Issue 45: offline, TFDS retried for 3.5 minutes before its error. Now one connection try.
+  tried = _unreachable(monkeypatch)
+
+  def source(*args, download, **kwargs):
+    if download:
+      pytest.fail("TFDS was asked to download")
+    raise NotImplementedError("not prepared")
+  monkeypatch.setattr(tfds, "data_source", source)
+  start = time.monotonic()
+  with pytest.raises(data.DatasetUnavailableError) as info:
+    data.load_dataset("mnist", data_dir=str(tmp_path))
+  assert time.monotonic() - start < 15
+  assert tried == [("storage.googleapis.com", 443)]
+  message = str(info.value)
+  assert f"'mnist' is not prepared in data_dir={str(tmp_path)!r}" in message
+  assert "network is unreachable" in message and "tfds build mnist --data_dir DIR" in message
+  assert "mnist_offline" in message and "digits" in message
+
+
+def test_on_this_machine_offline_mnist_fails_in_seconds(tmp_path):
+  # The real thing, where the download host cannot be reached (this test's machine): no mocks.
+  try:
+    socket.create_connection(("storage.googleapis.com", 443), timeout=3).close()
+    pytest.skip("the download host is reachable: TFDS would download MNIST")
+  except OSError:
+    pass
+  start = time.monotonic()
+  with pytest.raises(data.DatasetUnavailableError, match="cannot be reached"):
+    data.load_dataset("mnist", data_dir=str(tmp_path))
+  assert time.monotonic() - start < 15
+
+
+def test_a_prepared_or_downloaded_dataset_is_read_without_a_network_check(monkeypatch, tmp_path):
+  tried = _unreachable(monkeypatch)
+  with tfds.testing.mock_data(num_examples=4):  # data TFDS holds already: read as they are
+    assert data.load("mnist", "train", data_dir=str(tmp_path)).labels.shape == (4,)
+  # Not prepared, but archives placed by hand in data_dir/downloads: TFDS prepares from them.
+  records = [{"image": np.full((28, 28, 1), 255, np.uint8), "label": 3}] * 2
+
+  def source(*args, download, **kwargs):
+    if not download:
+      raise NotImplementedError("not prepared")
+    return records
+  monkeypatch.setattr(tfds, "data_source", source)
+  (tmp_path / "downloads").mkdir()
+  (tmp_path / "downloads" / "train-images-idx3-ubyte.gz").write_bytes(b"placed by hand")
+  assert data.load("mnist", "test", data_dir=str(tmp_path)).labels.tolist() == [3, 3]
+  assert tried == []
 
 
 @pytest.mark.parametrize("args,match", [

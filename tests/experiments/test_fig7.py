@@ -51,7 +51,10 @@ def test_rerun_resumes_from_the_pool(fig7_tiny_run, capsys):
   code = fig7.main(["--profile", "tiny", "--out", str(fig7_tiny_run), "--pool-dir", str(fig7_tiny_run / "pool")],
                    profiles={"tiny": TINY})
   assert code == 0
-  assert "pool: 6 candidates] done" in capsys.readouterr().out
+  out, err = capsys.readouterr()
+  assert "pool: 6 candidates] done" in out
+  assert (f"run_sweep: resumed 6 of 6 candidates from {fig7_tiny_run / 'pool'} (stored by an "
+          "earlier run); nothing left to train") in err
 
 
 def test_pool_of_another_configuration_is_refused(fig7_tiny_run, tmp_path, capsys):
@@ -59,7 +62,9 @@ def test_pool_of_another_configuration_is_refused(fig7_tiny_run, tmp_path, capsy
   code = fig7.main(["--profile", "tiny", "--out", str(tmp_path), "--pool-dir", str(fig7_tiny_run / "pool")],
                    profiles={"tiny": other})
   assert code == 2
-  assert "different sweep" in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert "different search or sweep (differs in: config, profile, configs" in err
+  assert "\n  - profile.epochs: stored 2, now 3\n" in err and len(err) < 800 + len("error: \n")
   assert not os.path.exists(tmp_path / "fig7.png")  # nothing half-written
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -51,7 +52,7 @@ def test_refuses_a_directory_of_another_sweep(tmp_path):
 def test_the_mismatch_names_where_a_fingerprint_differs(tmp_path):
   ResultPool(tmp_path, {"configs": [{"sigma": 1.0, "lr": 0.1}]}).close()
   with pytest.raises(SearchMismatchError,
-                     match=r"differs in: configs; configs\[0\]\['sigma'\]: stored 1.0, now 1.5\)"):
+                     match=r"differs in: configs\):\n  - configs\[0\]\.sigma: stored 1.0, now 1.5\n"):
     ResultPool(tmp_path, {"configs": [{"sigma": 1.5, "lr": 0.1}]})
 
 
@@ -61,8 +62,8 @@ def test_the_mechanism_is_recorded_per_point_and_a_change_is_refused(tmp_path):
     pool.append([{"id": "c1", "point": {"lr": 1}, "dp_event": "Gaussian(1.0)"}])
   changed = {"dp_events": {'{"lr":1}': "Gaussian(100.0)"}, "programs": {'{"lr":1}': "b" * 64}}
   with pytest.raises(SearchMismatchError, match=(
-      r"differs in: dp_events, programs; dp_events at grid point \{\"lr\":1\}: stored "
-      r"'Gaussian\(1.0\)', now 'Gaussian\(100.0\)'; programs at grid point .*: differ")) as err:
+      r"differs in: dp_events, programs\):\n  - dp_event: stored Gaussian\(1.0\), now "
+      r"Gaussian\(100.0\) \(at grid point \{\"lr\":1\}\)\n  - program: .* differs")) as err:
     ResultPool(tmp_path, FP, mechanism=changed)
   # A program's digest covers what its code reads (issue 42): a message never shows it.
   assert "aaaa" not in str(err.value) and "bbbb" not in str(err.value)
@@ -71,7 +72,7 @@ def test_the_mechanism_is_recorded_per_point_and_a_change_is_refused(tmp_path):
   ResultPool(tmp_path, FP, mechanism=more).close()
   assert json.loads((tmp_path / "manifest.json").read_text())["jaxdp_mechanism"]["dp_events"] == {
       '{"lr":1}': "Gaussian(1.0)", '{"lr":2}': "Gaussian(2.0)"}
-  with pytest.raises(SearchMismatchError, match="differs in: dp_events; "):
+  with pytest.raises(SearchMismatchError, match=r"differs in: dp_events\)"):
     ResultPool(tmp_path, FP, mechanism={"dp_events": {'{"lr":2}': "Gaussian(3.0)"}}, read_only=True)
   # A reader that names no mechanism checks none; the records are checked against the manifest.
   assert ResultPool(tmp_path, FP, read_only=True).done_ids() == {"c1"}
@@ -81,8 +82,31 @@ def test_a_record_whose_event_is_not_its_points_is_refused(tmp_path):
   with ResultPool(tmp_path, FP, mechanism={"dp_events": {'{"lr":1}': "Gaussian(1.0)"}}) as pool:
     pool.append([{"id": "c1", "point": {"lr": 1}, "dp_event": "Gaussian(9.0)"}])
   with pytest.raises(SearchMismatchError, match=r"dp_event of a stored candidate; .*stored "
-                                                r"'Gaussian\(9.0\)', now 'Gaussian\(1.0\)'"):
+                                                r"Gaussian\(9.0\), now Gaussian\(1.0\)"):
     ResultPool(tmp_path, FP, read_only=True)
+
+
+def test_a_mismatch_is_a_short_diff_of_every_change_naming_the_way_out(tmp_path):
+  # Issue 45: a refusal that cut off before the values that differ. Nested paths flattened, one
+  # line per change, under 800 characters however many fields differ, then how many more.
+  def fingerprint(lr, width):
+    return {"task": {"optimizer": {"learning_rate": lr}, "widths": [width, 8]},
+            "variants": {f"field_{i:02d}": width + i for i in range(30)}}
+  ResultPool(tmp_path / "a", fingerprint(0.1, 4)).close()
+  with pytest.raises(SearchMismatchError) as err:
+    ResultPool(tmp_path / "a", fingerprint(0.2, 5))
+  message = str(err.value)
+  assert len(message) < 800, len(message)
+  assert "\n  - task.optimizer.learning_rate: stored 0.1, now 0.2\n" in message
+  assert "\n  - task.widths[0]: stored 4, now 5\n" in message
+  assert re.search(r"\n  \.\.\. and \d+ more\n", message)
+  assert "use a new run_dir, or delete this one" in message.lower()
+  # A long run_dir is shortened to its end: the message stays under the limit.
+  deep = tmp_path / ("d" * 150) / ("e" * 150)
+  ResultPool(deep, fingerprint(0.1, 4)).close()
+  with pytest.raises(SearchMismatchError) as err:
+    ResultPool(deep, fingerprint(0.2, 5))
+  assert len(str(err.value)) < 800 and "eeee'" in str(err.value)
 
 
 @pytest.mark.parametrize("fingerprint,mechanism,match", [

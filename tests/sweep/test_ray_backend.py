@@ -84,3 +84,42 @@ def test_a_training_function_runs_on_ray_with_the_local_release(local_ray, tmp_p
   # a BLAS thread split could change (a tolerance, not exactness, across processes).
   assert remote.score == pytest.approx(local.score, abs=1e-12)
   np.testing.assert_allclose(remote.params["w"], local.params["w"], rtol=1e-10)
+
+
+_FORK_SCRIPT = """
+import subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import jax, jax.numpy as jnp
+jnp.ones(3).block_until_ready()  # JAX's threads run, and its at-fork hook is installed
+from examples import dp_logistic_regression as ex
+from jaxdp import accounting as acc
+from jaxdp.tuning import RayTrainer, RunConfig, TrainFunction, random_search
+
+def train_fn(hparams, seed):
+  return 0.5, None
+
+res = random_search(TrainFunction(train_fn, ex.dp_event), dict(ex.GRID, noise_multiplier=[1.0]),
+                    distribution=acc.Fixed(2), key=jax.random.key(0),
+                    run_config=RunConfig(trainer=RayTrainer(num_cpus=1)))
+assert res.hyperparameters is not None
+print("CONTROL", file=sys.stderr, flush=True)
+subprocess.run(["true"], preexec_fn=lambda: None, check=True)  # the hook fires outside Ray
+"""
+
+
+def test_starting_ray_shows_no_fork_warning(tmp_path):
+  # Issue 45: Ray's processes are started by fork + exec (subprocess with a preexec_fn), which
+  # fires JAX's "os.fork() ... will likely lead to a deadlock" warning: a false alarm that
+  # `ray_backend` filters where it starts Ray. A fresh process: Ray is started there by jaxdp.
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  script = tmp_path / "fork.py"
+  script.write_text(_FORK_SCRIPT)
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  done = subprocess.run([sys.executable, "-W", "always", str(script), root], capture_output=True,
+                        text=True, timeout=300, env=dict(os.environ, RAY_ADDRESS=""))
+  assert done.returncode == 0, done.stderr[-3000:]
+  before, control = done.stderr.split("CONTROL\n")
+  assert "os.fork()" not in before, before[-3000:]
+  assert "os.fork() was called" in control  # the warning is live: the filter is Ray's only

@@ -1,72 +1,101 @@
-"""`jaxdp.train.compilation_cache`: off unless asked for, a second process compiles nothing, no
-data value is baked into what the cache holds, and the number of rows is (why it is secret).
+"""`jaxdp.train.compilation_cache` and `jaxdp.train.padding`: on by default in a per-user
+directory, a second process compiles nothing, neighbouring data sets (N - 1, N, N + 1 rows at one
+declared N) share every program, no data value or private row count is in what the cache holds,
+a user's own jit is never written there, and padding rows never change a bit of a result.
 
 The cache is per process state of JAX, so every case runs in a fresh interpreter
 with the test session's cache settings removed from its environment.
 """
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import types
 
+import jax
 import numpy as np
 import pytest
 
+from jaxdp.data import DataSplit, Dataset, row_capacity_for
+from jaxdp.train import NoisyMean, TrainConfig, padding, presets, program
+from jaxdp.train.loop_spec import traced_hparams
+from jaxdp.train.run_plan import plan_runs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# A search of a DP logistic regression on digits whose inputs are replaced by
-# random float32 values of the given seed (every 4 bytes distinct): the bytes a
-# baked-in constant would leave in an executable. A user's own jit compiles
-# first, so the cache must be turned on after JAX's first compilation.
+# The searches of the cross-process test: a DP logistic regression scored by a NoisyMean on
+# private validation rows, on random data (every float distinct: the bytes a baked-in constant
+# would leave), declared N = digits' and validation size VAL, holding N + delta and VAL + delta
+# rows. A user's jit compiles before jaxdp and another, closing over the training inputs, after.
 _SEARCH = textwrap.dedent("""
-    import dataclasses, json, sys, time
-    import jax, numpy as np
+    import dataclasses, json, os, sys
+    import jax, jax.numpy as jnp, numpy as np
     jax.jit(lambda a: a + 1)(np.ones(3))
     from jaxdp import accounting as acc
-    from jaxdp.data import DataSplit, Dataset, load_dataset
-    from jaxdp.train import TrainConfig, compilation_cache, presets, train_candidate
+    from jaxdp.data import DataSplit, load_dataset
+    from jaxdp.train import NoisyMean, TrainConfig, compilation_cache, presets, train_candidate
     from jaxdp.tuning import random_search
-    digits = load_dataset("digits")
-    rng = np.random.default_rng(int(sys.argv[1]))
-    def noise(split):
-      return DataSplit(rng.standard_normal(split.inputs.shape).astype(np.float32), split.labels)
-    data = dataclasses.replace(digits, train=noise(digits.train), test=noise(digits.test))
-    if len(sys.argv) > 3:  # a neighbour: one more training row, the same declared size
-      extra = noise(digits.train)
-      data = dataclasses.replace(data, train=DataSplit(
-          np.concatenate([data.train.inputs, extra.inputs[:1]]),
-          np.concatenate([data.train.labels, extra.labels[:1]])))
-    np.save(sys.argv[2], np.concatenate([data.train.inputs.ravel(), data.test.inputs.ravel()]))
-    config = TrainConfig(task=presets.classifier(10), l2_clip_norm=1.0, noise_multiplier=1.0,
-                         sampling_prob=0.05, steps=5, hparams=dict(learning_rate=1.0, model="logreg"))
-    lone = train_candidate(config, data, jax.random.key(0))
-    start = time.perf_counter()
-    result = random_search(config, {"learning_rate": [0.5, 2.0]}, data, distribution=acc.Fixed(2),
-                           key=jax.random.key(1))
-    print(json.dumps({"dir": compilation_cache.cache_dir(), "lone_compile_s": lone.compile_time_s,
-                      "search_s": time.perf_counter() - start, "score": result.score}))
+    digits, out, VAL = load_dataset("digits"), sys.argv[1], 300
+    def entries():
+      where = compilation_cache.cache_dir()
+      return set(os.listdir(where)) if os.path.isdir(where) else set()
+    def noise(rows, seed):
+      rng = np.random.default_rng(seed)
+      return DataSplit(rng.standard_normal((rows, 8, 8, 1)).astype(np.float32),
+                       rng.integers(0, 10, rows).astype(np.int32))
+    accuracy = lambda logits, b: (jnp.argmax(logits, -1) == b.labels).astype(jnp.float32)
+    task = dataclasses.replace(presets.classifier(10), name="noisy",
+                               score=NoisyMean(accuracy, 0.0, 1.0, 2.0, num_examples=VAL))
+    config = TrainConfig(task=task, l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.05,
+                         steps=5, hparams=dict(learning_rate=1.0, model="logreg"))
+    report = []
+    for seed, delta in json.loads(sys.argv[2]):
+      data = dataclasses.replace(digits, train=noise(digits.num_examples + delta, seed),
+                                 test=noise(100, seed + 100), private_validation=noise(VAL + delta, seed + 200))
+      np.savez(os.path.join(out, f"data{seed}.npz"), train=data.train.inputs,
+               validation=data.private_validation.inputs, test=data.test.inputs)
+      before = entries()
+      lone = train_candidate(config, data, jax.random.key(seed))
+      random_search(config, {"learning_rate": [0.5, 2.0]}, data, distribution=acc.Fixed(2),
+                    key=jax.random.key(seed + 1))
+      report.append(dict(delta=delta, lone_compile_s=lone.compile_time_s, new=len(entries() - before)))
+    before, x = entries(), jnp.asarray(data.train.inputs.reshape(-1, 64))
+    jax.jit(lambda w: jnp.tanh(x @ w)).lower(np.ones(64, np.float32)).compile()
+    print(json.dumps({"dir": compilation_cache.cache_dir(), "runs": report,
+                      "user_jit_new": len(entries() - before), "N": digits.num_examples, "VAL": VAL}))
 """)
 
-# A program that closes over an array: XLA bakes it in as a constant. The scan
-# below must find it (else it could not find a baked-in data array either).
+# Programs compiled as jaxdp's own (so written) that do close over data: a float array, one
+# subtracted (XLA folds x - c into x + (-c)) and int tokens read by a take. The scan below must
+# find each (else it could not find a baked-in data array either; adversarial review F3).
 _BAKED = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp, numpy as np
     from jaxdp.train import compilation_cache
-    compilation_cache.enable()
-    x = np.random.default_rng(7).standard_normal((64, 16)).astype(np.float32)
-    np.save(sys.argv[1], x.ravel())
-    jax.jit(lambda w: jnp.tanh(jnp.asarray(x) @ w)).lower(np.ones(16, np.float32)).compile()
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 16)).astype(np.float32)
+    mu = rng.standard_normal(16).astype(np.float32)
+    tokens = rng.integers(1000, 2**30, 64).astype(np.int32)
+    np.savez(sys.argv[1], x=x, mu=mu, tokens=tokens)
+    with compilation_cache.writing():
+      jax.jit(lambda w: jnp.tanh(jnp.asarray(x) @ w)).lower(np.ones(16, np.float32)).compile()
+      jax.jit(lambda v: v - jnp.asarray(mu)).lower(np.ones(16, np.float32)).compile()
+      jax.jit(lambda t: jnp.take(t, jnp.asarray(tokens) % 4099)).lower(np.ones(4099, np.float32)).compile()
+      jax.jit(lambda t: t + jnp.asarray(tokens)).lower(np.ones(64, np.int32)).compile()
 """)
-
 
 def _env(tmp_path, **extra):
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "JAXDP_COMPILATION"))}
   env.pop("XLA_FLAGS", None)
-  env.update(PYTHONPATH=ROOT, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", **extra)
+  # XDG_CACHE_HOME too: the default directory must never be the user's own home cache.
+  env.update(PYTHONPATH=ROOT, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             XDG_CACHE_HOME=str(tmp_path / "xdg"))
+  env.update(extra)
   return env
 
 
@@ -85,69 +114,200 @@ def _entries(directory):
         yield name, jax_cc.decompress_executable(f.read())
 
 
-def _holds_any_of(blob: bytes, values: np.ndarray, width: int = 4) -> bool:
-  """Whether `blob` holds `width` consecutive float32 values of `values` as their bytes, at
-  any byte offset (the values are random, so distinct: a value's bits give its position)."""
-  bits = values.astype("<f4").view("<u4")
-  order = np.argsort(bits)
-  ordered = bits[order]
-  for offset in range(4):
-    words = np.frombuffer(blob, "<u4", count=(len(blob) - offset) // 4, offset=offset)
-    at = np.minimum(np.searchsorted(ordered, words), len(ordered) - 1)
-    position = np.where(ordered[at] == words, order[at], -2)
-    follows = (position[1:] == position[:-1] + 1) & (position[:-1] >= 0)
-    if (np.convolve(follows, np.ones(width - 1), "valid") >= width - 1).any():
-      return True
-  return False
 
 
-@pytest.mark.slow  # four fresh interpreters compiling a search: about a minute on 2 cores
-def test_a_second_process_compiles_nothing_and_no_data_value_is_in_the_cache(tmp_path):
-  directory = str(tmp_path / "cache")
-  env = _env(tmp_path, JAXDP_COMPILATION_CACHE_DIR=directory)
-  first = json.loads(_python(_SEARCH, "0", str(tmp_path / "data0.npy"), env=env).splitlines()[-1])
+def _programs(directory) -> dict:
+  """Entry name -> (float32 bit patterns of its constants, its int constants, its entry
+  parameters' shapes): each entry deserialised and printed as HLO with every constant."""
+  from jax._src import compilation_cache as jax_cc  # pylint: disable=g-import-not-at-top
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  from jaxlib import _hlo  # pylint: disable=g-import-not-at-top
+  backend = xla_bridge.get_backend("cpu")
+  options = _hlo.HloPrintOptions()
+  options.print_large_constants = True
+  number = re.compile(r"-?(?:\d+\.?\d*(?:e[-+]?\d+)?|inf|nan)")
+  out = {}
+  for name, blob in _entries(directory):
+    executable, _ = jax_cc.extract_executable_and_time(blob)
+    loaded = backend.deserialize_executable(executable, backend.devices()[:1], None)
+    floats, ints, shapes = set(), set(), []
+    for module in loaded.hlo_modules():
+      text = module.to_string(options)
+      for line in text.splitlines():
+        if "constant(" in line:
+          for token in number.findall(line[line.index("constant("):]):
+            value = float(token)
+            floats.add(int(np.float32(value).view(np.uint32)))
+            if np.isfinite(value) and value == int(value):
+              ints.add(int(value))
+      entry = re.search(r"ENTRY[^\n]*\n(.*?)\n}", text, re.S)
+      for dims in re.findall(r"\[([0-9,]*)\]\S* parameter\(", entry.group(1) if entry else ""):
+        shapes.append(tuple(int(d) for d in dims.split(",") if d))
+    out[name] = (floats, ints, shapes)
+  return out
+
+
+def _found(programs: dict, values: np.ndarray) -> dict:
+  """Entry -> how many distinct values of `values` (floats: either sign) are its constants."""
+  values = np.asarray(values).ravel()
+  if values.dtype.kind == "f":
+    values = values.astype(np.float32)
+    wanted = set(values.view(np.uint32).tolist()) | set((-values).view(np.uint32).tolist())
+    return {name: len(wanted & floats) for name, (floats, _, _) in programs.items()}
+  wanted = set(values.tolist()) - set(range(-2, 65))
+  return {name: len(wanted & ints) for name, (_, ints, _) in programs.items()}
+
+
+@pytest.mark.slow  # three fresh interpreters compiling searches: about two minutes on 2 cores
+def test_neighbours_share_every_program_and_no_data_or_row_count_is_in_the_cache(tmp_path):
+  env = _env(tmp_path)  # the default directory, under XDG_CACHE_HOME
+  directory = str(tmp_path / "xdg" / "jaxdp" / "xla")
+  first = json.loads(_python(_SEARCH, str(tmp_path), "[[0, 0]]", env=env).splitlines()[-1])
   assert first["dir"] == directory and oct(os.stat(directory).st_mode & 0o777) == oct(0o700)
-  entries = dict(_entries(directory))
-  assert entries and first["lone_compile_s"] > 0.3
-  # Other data (same shapes): every program is read back, none compiled again.
-  second = json.loads(_python(_SEARCH, "1", str(tmp_path / "data1.npy"), env=env).splitlines()[-1])
-  assert set(dict(_entries(directory))) == set(entries)
-  assert second["lone_compile_s"] < first["lone_compile_s"] / 3
-  for seed in (0, 1):
-    data = np.load(tmp_path / f"data{seed}.npy")
-    for name, blob in _entries(directory):
-      # XLA may fold x - c into x + (-c): both signs.
-      assert not (_holds_any_of(blob, data) or _holds_any_of(blob, -data)), (
-          f"data of run {seed} found in cache entry {name}")
-  # The scan finds an array a program does close over.
-  _python(_BAKED, str(tmp_path / "baked.npy"), env=env)
-  baked = np.load(tmp_path / "baked.npy")
-  assert [name for name, blob in _entries(directory) if _holds_any_of(blob, baked)]
-  # But a program is compiled for its shapes: one more private row, other programs. This is
-  # why the cache is off by default and, when on, secret like the data (module docstring).
-  before = set(os.listdir(directory))
-  _python(_SEARCH, "2", str(tmp_path / "data2.npy"), "neighbour", env=env)
-  assert set(os.listdir(directory)) - before
+  assert first["runs"][0]["new"] > 0 and first["runs"][0]["lone_compile_s"] > 0.3
+  entries = set(os.listdir(directory))
+  # Another process, other data: N rows, then the neighbours N + 1 and N - 1 (one declared N):
+  # every program is read back, none compiled, nothing written; nor is a user's jit.
+  second = json.loads(_python(_SEARCH, str(tmp_path), "[[1, 0], [2, 1], [3, -1]]",
+                              env=env).splitlines()[-1])
+  assert [run["new"] for run in second["runs"]] == [0, 0, 0]
+  assert all(run["lone_compile_s"] < first["runs"][0]["lone_compile_s"] / 3 for run in second["runs"])
+  assert second["user_jit_new"] == 0 and set(os.listdir(directory)) == entries
+  programs = _programs(directory)
+  n, val = second["N"], second["VAL"]
+  private_counts = {n - 1, n, n + 1, val - 1, val, val + 1}
+  for name, (_, _, shapes) in programs.items():
+    assert not private_counts & {d for shape in shapes for d in shape}, (name, shapes)
+  assert any(row_capacity_for(n) in shape for _, _, shapes in programs.values() for shape in shapes)
+  for seed in range(4):
+    with np.load(tmp_path / f"data{seed}.npz") as saved:
+      for split in saved.files:
+        hits = {k: v for k, v in _found(programs, saved[split]).items() if v >= 4}
+        assert not hits, f"{split} of run {seed} found in {hits}"
+  # The scan does find arrays that programs close over, whatever their sign or type.
+  _python(_BAKED, str(tmp_path / "baked.npz"), env=env)
+  programs = _programs(directory)
+  with np.load(tmp_path / "baked.npz") as baked:
+    for array in baked.files:
+      assert max(_found(programs, baked[array]).values()) >= 16, array
 
 
 def _resolved(tmp_path, **extra) -> list:
+  # enable() twice: the second call must keep the first's directory (it once took a directory
+  # given to JAX for its own and moved to the default).
   script = ("import jax; from jaxdp.train import compilation_cache as c; "
-            "print(c.enable()); print(jax.config.jax_compilation_cache_dir)")
-  return _python(script, env=_env(tmp_path, **extra)).split()
+            "first = c.enable(); assert c.enable() == first, c.enable(); "
+            "print(first); print(jax.config.jax_compilation_cache_dir)")
+  xdg = tmp_path / ("xdg-" + "-".join(sorted(extra)))  # a fresh XDG_CACHE_HOME per case
+  resolved = _python(script, env=_env(tmp_path, **extra, XDG_CACHE_HOME=str(xdg))).split()
+  if "JAX_COMPILATION_CACHE_DIR" in extra or "JAXDP_COMPILATION_CACHE" in extra:
+    assert not os.path.exists(xdg)  # the default directory never made
+  return resolved
 
 
-def test_off_unless_asked_for_and_where_it_lives(tmp_path):
-  assert _resolved(tmp_path) == ["None", "None"]
+def test_on_by_default_where_it_lives_and_off_with_one_setting(tmp_path):
+  default = str(tmp_path / "xdg-" / "jaxdp" / "xla")
+  assert _resolved(tmp_path) == [default, default]
+  assert oct(os.stat(default).st_mode & 0o777) == oct(0o700)
+  for off in ("0", "false", "OFF"):
+    assert _resolved(tmp_path, JAXDP_COMPILATION_CACHE=off) == ["None", "None"]
   mine = str(tmp_path / "mine")
   assert _resolved(tmp_path, JAXDP_COMPILATION_CACHE_DIR=mine) == [mine, mine]
   assert oct(os.stat(mine).st_mode & 0o777) == oct(0o700)
-  # A directory the user gave JAX is used as it is; JAX's own switch turns it off.
+  # A directory the user gave JAX (as this test suite and .ci/run do) comes first and is used as
+  # it is; JAX's own switch turns it off.
   theirs = str(tmp_path / "theirs")
   assert _resolved(tmp_path, JAX_COMPILATION_CACHE_DIR=theirs, JAXDP_COMPILATION_CACHE_DIR=mine) == [
       theirs, theirs]
   assert not os.path.exists(theirs)  # left to JAX, which creates it at its first compilation
   assert _resolved(tmp_path, JAX_ENABLE_COMPILATION_CACHE="false",
                    JAXDP_COMPILATION_CACHE_DIR=mine)[0] == "None"
+  # Given to JAX after jaxdp turned its own on: JAX's settings decide again (its threshold back).
+  script = ("import sys, jax; from jaxdp.train import compilation_cache as c; c.enable(); "
+            "during = jax.config.jax_persistent_cache_min_compile_time_secs; "
+            "jax.config.update('jax_compilation_cache_dir', sys.argv[1]); "
+            "print(during, c.enable(), jax.config.jax_persistent_cache_min_compile_time_secs)")
+  assert _python(script, theirs, env=_env(tmp_path)).split() == ["inf", theirs, "0.0"]
+
+
+def _noisy_task(val: int):
+  def accuracy(logits, batch):
+    return (jax.numpy.argmax(logits, -1) == batch.labels).astype(np.float32)
+  return dataclasses.replace(presets.classifier(10), name="noisy",
+                             score=NoisyMean(accuracy, 0.0, 1.0, 2.0, num_examples=val))
+
+
+def _data(rows: int, val_rows: int, *, declared: int = 200, val: int = 60) -> Dataset:
+  rng = np.random.default_rng(rows)
+  def split(n):
+    return DataSplit(rng.standard_normal((n, 6)).astype(np.float32), rng.integers(0, 3, n).astype(np.int32))
+  return Dataset(train=split(rows), test=split(40), private_validation=split(val_rows),
+                 num_examples=declared, name="toy")
+
+
+def _segment_args(data: Dataset, config, splits) -> tuple:
+  (run,) = plan_runs([config], data)
+  key = jax.random.key(3)
+  return run, (run.dp_plan, traced_hparams(run.spec, config), key, *splits, run.initial,
+               program.empty_state(run.spec, data.train, key_dtype=key.dtype), np.bool_(True),
+               np.int32(run.spec.num_steps))
+
+
+def _config(task):
+  return TrainConfig(task=task, l2_clip_norm=1.0, noise_multiplier=1.0, sampling_prob=0.1, steps=6,
+                     hparams=dict(learning_rate=0.5, model="logreg"))
+
+
+def test_neighbours_lower_to_one_program_sized_by_public_numbers_only():
+  task = _noisy_task(60)
+  texts = set()
+  for delta in (-1, 0, 1):
+    data = _data(200 + delta, 60 + delta)
+    run, args = _segment_args(data, _config(task), padding.host_splits(data, task))
+    texts.add(program.compiled(run.spec).segment.lower(*args).as_text())
+  (text,) = texts  # one program for N - 1, N and N + 1 rows
+  assert f"{row_capacity_for(200)}x6" in text and f"{row_capacity_for(60)}x6" in text
+  for count in (199, 200, 201, 59, 60, 61):
+    assert f"{count}x6" not in text and f"<{count}x" not in text
+
+
+@pytest.mark.parametrize("rows", [200, 0])  # 0: a tuner's empty Poisson subset (padding only)
+def test_padding_rows_never_change_a_bit(rows):
+  task = _noisy_task(60)
+  data = _data(max(rows, 1), 55)
+  if rows == 0:
+    data = data.with_train_rows(np.zeros(1, bool), num_examples=200, name="empty")
+  run, _ = _segment_args(data, _config(task), padding.host_splits(data, task))
+  segment = jax.jit(program.compiled(run.spec).segment)
+  outputs = []
+  for fill, int_fill in ((0, 0), (np.nan, 2**31 - 1), (np.inf, -7)):
+    _, args = _segment_args(data, _config(task), padding.host_splits(data, task, fill, int_fill))
+    outputs.append(jax.tree.leaves(jax.device_get(segment(*args))))
+  for other in outputs[1:]:
+    for a, b in zip(outputs[0], other):
+      assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  assert np.isfinite(outputs[0][-3])  # the NoisyMean score
+
+
+def test_row_capacity_is_public_and_too_many_rows_fail_without_naming_them():
+  assert [row_capacity_for(n) for n in (1, 200, 1437, 60000)] == [17, 216, 1536, 65536]
+  for n in (1, 7, 100, 999, 12345, 10**6):
+    assert row_capacity_for(n) >= n + max(16, -(-n // 16))
+    assert row_capacity_for(n) <= 1.07 * (n + max(16, -(-n // 16))) + 1
+  with pytest.raises(ValueError, match=r"row capacity 216 of num_examples=200") as err:
+    _data(217, 60)
+  assert "217" not in str(err.value)
+  assert _data(216, 60).row_capacity == 216
+  with pytest.raises(ValueError, match=r"row capacity 76 of its declared size NoisyMean.num_examples=60"):
+    plan_runs([_config(_noisy_task(60))], _data(200, 77))
+  # A Dataset given more rows after its checks is refused when planned, before anything runs.
+  damaged = _data(200, 60)
+  object.__setattr__(damaged, "train", DataSplit(np.zeros((217, 6), np.float32), np.zeros(217, np.int32)))
+  with pytest.raises(ValueError, match=r"row capacity 216 of num_examples=200$"):
+    plan_runs([_config(_noisy_task(60))], damaged)
+  # A subset keeps its parent's capacity, whatever was drawn.
+  sub = _data(200, 60).with_train_rows(np.arange(200) % 3 == 0, num_examples=70, name="x1")
+  assert sub.row_capacity == 216
 
 
 def test_a_directory_open_to_other_users_is_warned_about(tmp_path):
@@ -160,3 +320,23 @@ def test_a_directory_open_to_other_users_is_warned_about(tmp_path):
                         env=_env(tmp_path, JAXDP_COMPILATION_CACHE_DIR=str(shared)), check=False)
   assert proc.returncode != 0 and "open to other users (mode 755)" in proc.stderr
   assert "chmod 700" in proc.stderr
+
+
+def test_a_search_program_is_persisted_only_when_no_draw_decides_it():
+  from jaxdp.sweep import engine  # pylint: disable=g-import-not-at-top
+
+  def run(spec, data_parallel=None):
+    return types.SimpleNamespace(spec=spec, config=types.SimpleNamespace(
+        execution=types.SimpleNamespace(data_parallel=data_parallel)))
+  one = types.SimpleNamespace(runs=[run("a"), run("a")])
+  group = types.SimpleNamespace(run=run("a"), data_parallel=1)
+  assert engine._persistable(one, group, per_device=4, largest=4, num_devices=2)
+  # Which static hyperparameters were drawn (two programs), a chunk sized for few candidates, or
+  # a data-parallel degree chosen because there were fewer candidates than devices: K shows.
+  two = types.SimpleNamespace(runs=[run("a"), run("b")])
+  assert not engine._persistable(two, group, per_device=4, largest=4, num_devices=2)
+  assert not engine._persistable(one, group, per_device=2, largest=4, num_devices=2)
+  assert not engine._persistable(one, types.SimpleNamespace(run=run("a"), data_parallel=2),
+                                 per_device=4, largest=4, num_devices=2)
+  assert engine._persistable(one, types.SimpleNamespace(run=run("a", 2), data_parallel=2),
+                             per_device=4, largest=4, num_devices=2)  # asked for: public

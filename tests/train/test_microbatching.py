@@ -188,8 +188,8 @@ def test_spec_microbatch_depends_only_on_the_declared_size(monkeypatch):
   # Two data sets of different private row counts, the same declared N: the same microbatch.
   monkeypatch.setattr(microbatching, "budget_bytes", lambda device=None: 1 << 40)
   config = _config()
-  small, large = _data(n=120), _data(n=150)
-  large = dataclasses.replace(large, num_examples=120)
+  small, large = _data(n=100), _data(n=120)
+  small = dataclasses.replace(small, num_examples=120)
   specs = [LoopSpec.from_config(config, d) for d in (small, large)]
   assert specs[0].microbatch_size == specs[1].microbatch_size
   assert specs[0].padded_batch_size % specs[0].microbatch_size == 0

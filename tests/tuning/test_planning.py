@@ -285,7 +285,11 @@ def test_dry_run_groups_and_compute(no_work, user_config, user_data):
         (f"params/{layer}/{leaf}", "ghost") for layer in ("hidden", "out") for leaf in ("bias", "kernel")]
     # This small model's microbatch holds almost every realised batch whole.
     assert microbatching.expected_microbatches(USER_N, g.sampling_prob, g.microbatch_size) < 1.01
-  assert text.count("    clipping params/hidden/kernel: ghost (Dense 'hidden')") == 8
+  # The summary collapses them by kind; format(verbose=True) names each, after every summary.
+  assert text.count("    clipping: ghost norms: 4 leaves") == 8 and "    clipping params/" not in text
+  detail = plan.format(verbose=True)
+  assert detail.startswith(text + "\n")
+  assert detail.count("    clipping params/hidden/kernel: ghost (Dense 'hidden')") == 8
   # What splits the groups, and why each such hyperparameter is static.
   assert all(dict(g.static_reasons) == {"width": "the model factory reads it: it builds the model "
                                                  "(its layers, parameter shapes)"} for g in groups)

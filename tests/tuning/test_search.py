@@ -1,6 +1,7 @@
 """Private tuners release only what the guarantee covers."""
 
 import math
+import warnings
 
 import jax
 import numpy as np
@@ -8,7 +9,9 @@ import pytest
 
 from jaxdp import accounting as acc
 from jaxdp.sweep import SearchSpace
-from jaxdp.tuning import LocalTrainer, random_search, RunConfig, threshold_search
+from examples import dp_logistic_regression as ex
+from jaxdp.tuning import (LocalTrainer, NothingReleasedWarning, random_search, RunConfig,
+                          threshold_search, TrainFunction)
 
 GRID = {"learning_rate": [0.3, 1.0, 3.0]}  # = tests/conftest.py SEARCH_GRID
 
@@ -40,10 +43,57 @@ def test_same_key_same_result_and_scores(tiny_random_search, digits, base_config
 
 
 def test_k_zero_releases_the_default(digits, base_config):
-  res = random_search(base_config, GRID, digits, distribution=acc.Poisson(mean=1e-9),
-                      key=jax.random.key(0))
+  with pytest.warns(NothingReleasedWarning, match="random_search released nothing"):
+    res = random_search(base_config, GRID, digits, distribution=acc.Poisson(mean=1e-9),
+                        key=jax.random.key(0))
   assert res.unreleased.num_candidates == 0 and res.hyperparameters is None and res.params is None
   assert math.isnan(res.score) and res.epsilon >= 0
+
+
+def _scoring(score):
+  """A training function that trains nothing and scores `score` (no compilation)."""
+  def train_fn(hparams, seed):
+    return score, None
+  return TrainFunction(train_fn, ex.dp_event)
+
+
+FUNCTION_GRID = {**ex.GRID, "noise_multiplier": [1.0]}
+
+
+def _nothing_released(caught):
+  return [str(w.message) for w in caught if issubclass(w.category, NothingReleasedWarning)]
+
+
+def test_a_search_that_releases_nothing_warns_the_same_words_for_k_zero_and_no_finite_score():
+  # Issue 45: a search that released nothing said nothing. Whether K = 0 was drawn or every
+  # score was NaN is not covered by epsilon (only the empty release is), so both read alike.
+  law = acc.Poisson(mean=1.0)
+  messages, sizes = set(), set()
+  for seed in range(6):
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      res = random_search(_scoring(float("nan")), FUNCTION_GRID, distribution=law, key=jax.random.key(seed))
+    assert res.hyperparameters is None and len(_nothing_released(caught)) == 1
+    messages.update(_nothing_released(caught))
+    sizes.add(min(res.unreleased.num_candidates, 1))
+  assert sizes == {0, 1} and len(messages) == 1
+  (message,) = messages
+  assert message.startswith("random_search released nothing")
+  assert f"P(K=0) = {math.exp(-1):.3g} under Poisson(mean=1.0)" in message
+  assert "working as designed" in message and "acc.Geometric" in message
+  with warnings.catch_warnings(record=True) as caught:  # something released: no warning
+    warnings.simplefilter("always")
+    assert random_search(_scoring(0.5), FUNCTION_GRID, distribution=acc.Fixed(1),
+                         key=jax.random.key(0)).hyperparameters is not None
+  assert not _nothing_released(caught)
+
+
+def test_a_threshold_search_that_releases_nothing_warns():
+  with pytest.warns(NothingReleasedWarning, match=r"threshold_search released nothing .*: no "
+                    r"candidate's score reached the threshold 0.9 .*lower threshold"):
+    res = threshold_search(_scoring(0.5), FUNCTION_GRID, threshold=0.9,
+                           distribution=acc.Geometric(gamma=0.5), key=jax.random.key(0))
+  assert res.hyperparameters is None
 
 
 def test_privacy_changing_hyperparameters_are_accounted_by_the_worst_candidate(digits, base_config):
