@@ -124,9 +124,11 @@ class LoopSpec:
       per_example = program_traces(config.task, static, data.train, analyses).per_example_bytes
       if per_example is None:  # the task does not fit the data: check_task will say why
         micro = padded
-      else:
+      elif fixed:
         micro = microbatching.auto_microbatch_size(padded, per_example, microbatching.budget_bytes(),
-                                                   divide=fixed)
+                                                   divide=True)
+      else:
+        micro = _poisson_microbatch(n, q, per_example, padded)
         padded = micro * math.ceil(padded / micro)
     elif padded is None:
       padded = default_padded_batch_size(rows, q, micro)
@@ -166,6 +168,16 @@ class LoopSpec:
     """All hyperparameters: the static values and the (traced) arrays, with `num_steps` the
     spec's T (what the optimizer factory gets inside the loop)."""
     return HParams({**dict(self.static_hparams), **traced}, num_steps=self.num_steps)
+
+
+def _poisson_microbatch(n: int, q: float, per_example: int, padded: int) -> int:
+  """The automatic microbatch of a Poisson batch: least expected work within the budget on a CPU
+  (`microbatching.poisson_microbatch_size`, from the declared N and q); on accelerators, where it
+  is not measured, the fewest equal microbatches of the padded batch (`auto_microbatch_size`)."""
+  budget = microbatching.budget_bytes()
+  if jax.devices()[0].platform != "cpu":
+    return microbatching.auto_microbatch_size(padded, per_example, budget)
+  return microbatching.poisson_microbatch_size(n, q, per_example, budget)
 
 
 def _abstract_params(task: Task, model, example: PyTree) -> PyTree:

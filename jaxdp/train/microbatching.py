@@ -19,15 +19,26 @@ Xeon, Papernot-Steinke CNN at batch 256: 4 microbatches of 64 run 1.2x
 faster than one vmap of 256, and faster than the non-private step). The size
 never changes what is computed, only the order of a sum (rounding); set
 `ExecutionConfig(microbatch_size=...)` to override it.
+
+Under Poisson sampling a step computes only the microbatches holding sampled
+rows, ceil(B / m) of them for a realised batch of B ~ Binomial(N, q) rows, so
+the last one is padded by up to m - 1 rows. `poisson_microbatch_size` picks m
+within the budget that minimises the expected work
+E[ceil(B / m)] * (m * bytes_per_example + MICROBATCH_OVERHEAD_BYTES), from
+the declared N and q only (public numbers: the size is a shape of the
+compiled program, and the sample, hence the accounting, does not depend on it).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any, Callable
 
 import jax
+import numpy as np
+from scipy import stats
 
 from jaxdp import _validate
 
@@ -38,6 +49,16 @@ CPU_BYTES_PER_CORE = 384 << 20
 #: Fraction of an accelerator's memory one microbatch may use.
 ACCELERATOR_MEMORY_FRACTION = 1 / 16
 _FALLBACK_ACCELERATOR_BYTES = 16 << 30
+#: CPU: what one more microbatch costs beyond its rows, in bytes of working set
+#: (loop step, slicing, the gradient accumulation), for `poisson_microbatch_size`.
+#: `python -m benchmarks.microbatch_overhead` measured 0.7 rows (7.7 MB) for the CNN's
+#: smallest microbatches and none for the transformer; 4x that as a margin, since
+#: microbatches below 4 rows were not measured (docs/benchmarks.md, issue 44 item 4).
+MICROBATCH_OVERHEAD_BYTES = 32 << 20
+#: Microbatch sizes compared at most (all of them up to this many, else a geometric grid).
+_MAX_CANDIDATE_SIZES = 2048
+#: Tail of Binomial(N, q) ignored when computing E[ceil(B / m)] (it moves the expectation by less).
+_TAIL = 1e-12
 
 
 def _jaxpr_bytes(jaxpr) -> int:
@@ -129,6 +150,84 @@ def auto_microbatch_size(padded_batch_size: int, bytes_per_example: int, budget:
     return max(d for d in range(1, most + 1) if p % d == 0)
   chunks = math.ceil(p / most)
   return math.ceil(p / chunks)
+
+
+@functools.lru_cache(maxsize=64)
+def _survival(num_examples: int, sampling_prob: float) -> tuple:
+  """(low, P(B > x) for x = low, ..., top) for B ~ Binomial(N, q): below low it is 1 and above
+  top 0, to within `_TAIL` (so the array spans some standard deviations, not N)."""
+  law = stats.binom(num_examples, sampling_prob)
+  low = int(max(0, law.ppf(_TAIL) - 1))
+  top = int(min(num_examples, law.isf(_TAIL)))
+  survival = law.sf(np.arange(low, top + 1))
+  survival.setflags(write=False)
+  return low, survival
+
+
+def _expected(low: int, survival: np.ndarray, m: int) -> float:
+  """The sum over k >= 0 of P(B > k m): the k m below `low` count 1 each."""
+  first = -(-low // m)
+  return float(first + np.sum(survival[first * m - low::m]))
+
+
+def expected_microbatches(num_examples: int, sampling_prob: float, microbatch_size: int) -> float:
+  """E[ceil(B / m)] for B ~ Binomial(N, q): the microbatches a Poisson step computes on average
+  (`jaxdp.train.sampling.poisson_batch_sum`), as the sum over k >= 0 of P(B > k m).
+
+  Raises:
+    ValueError: N or m is not a positive integer, or q is not in (0, 1].
+  """
+  n = _validate.integer("num_examples", num_examples, low=1)
+  q = _validate.probability("sampling_prob", sampling_prob, one_ok=True)
+  m = _validate.integer("microbatch_size", microbatch_size, low=1)
+  return _expected(*_survival(n, float(q)), m)
+
+
+def _candidate_sizes(most: int) -> np.ndarray:
+  if most <= _MAX_CANDIDATE_SIZES:
+    return np.arange(1, most + 1)
+  return np.unique(np.geomspace(1, most, _MAX_CANDIDATE_SIZES).round().astype(int))
+
+
+def poisson_microbatch_size(num_examples: int, sampling_prob: float, bytes_per_example: int,
+                            budget: int, overhead_bytes: int = MICROBATCH_OVERHEAD_BYTES) -> int:
+  """The microbatch size m for a Poisson batch: least expected work within the budget.
+
+  Minimises E[ceil(B / m)] * (m * bytes_per_example + overhead_bytes) over
+  m * bytes_per_example <= budget (m = 1 if nothing fits), for B ~
+  Binomial(N, q): padding rows cost like sampled ones, and each microbatch
+  costs `overhead_bytes` more. Ties go to the larger m. Above
+  `_MAX_CANDIDATE_SIZES` possible sizes a geometric grid of them is compared.
+
+  Args:
+    num_examples: N >= 1, the declared (public) training set size.
+    sampling_prob: q in (0, 1].
+    bytes_per_example: see `per_example_bytes`.
+    budget: bytes one microbatch may hold (see `budget_bytes`).
+    overhead_bytes: a microbatch's cost beyond its rows, >= 0.
+
+  Returns:
+    m >= 1, a pure function of the arguments (all public).
+
+  Raises:
+    ValueError: an argument out of its range.
+  """
+  n = _validate.integer("num_examples", num_examples, low=1)
+  q = float(_validate.probability("sampling_prob", sampling_prob, one_ok=True))
+  per = _validate.integer("bytes_per_example", bytes_per_example, low=1)
+  budget = _validate.integer("budget", budget, low=1)
+  overhead = _validate.integer("overhead_bytes", overhead_bytes, low=0)
+  return _poisson_microbatch_size(n, q, per, budget, overhead)
+
+
+@functools.lru_cache(maxsize=64)
+def _poisson_microbatch_size(n: int, q: float, per: int, budget: int, overhead: int) -> int:
+  low, survival = _survival(n, q)
+  # Beyond the largest B that has weight, a larger m only adds padding rows.
+  most = max(1, min(budget // per, low + len(survival)))
+  sizes = _candidate_sizes(most)[::-1]  # descending: argmin keeps the larger of equal costs
+  work = [_expected(low, survival, int(m)) * (float(m) * per + overhead) for m in sizes]
+  return int(sizes[int(np.argmin(work))])
 
 
 def microbatch_size_for(loss_fn: Callable[[PyTree, PyTree], jax.Array], params: PyTree,

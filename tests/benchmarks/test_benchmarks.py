@@ -270,3 +270,23 @@ def test_plan_overhead_benchmark():
   # One block: 2 embeddings, 4 attention projections, 2 MLP layers and the head (2 leaves each
   # but the embeddings), 3 layer norms (2 each): every parameter has its clipping path.
   assert out["dry_run_clipping_paths"] == 2 + 4 * 2 + 2 * 2 + 2 + 3 * 2
+
+
+def test_compile_groups_benchmark():
+  out = _run("benchmarks.compile_groups", "--quick")
+  assert out["quick"] is True and out["command"] == "python -m benchmarks.compile_groups --quick"
+  assert out["groups"] == 2  # one compiled group per activation
+  _positive_numbers(out, ["engine_first_run_s", "engine_compile_s", "speedup_threads", "loadavg"])
+  for way in ("sequential", "threads", "lower_then_threads"):
+    _positive_numbers(out[way], ["wall_s", "cores_busy"])
+  _positive_numbers(out["lower_then_threads"], ["compile_s"])
+
+
+def test_microbatch_overhead_benchmark():
+  out = _run("benchmarks.microbatch_overhead", "--quick")
+  assert out["quick"] is True and out["command"] == "python -m benchmarks.microbatch_overhead --quick"
+  assert out["model"] == "cnn" and out["rows"] == 48 and set(out["seconds"]) == {"8", "48"}
+  _positive_numbers(out, ["row_s", "per_example_bytes"])
+  _positive_numbers(out["seconds"], ["8", "48"])
+  # The overhead is fitted and may come out negative (larger microbatches cost more per row).
+  assert all(math.isfinite(out[k]) for k in ("microbatch_s", "overhead_rows", "overhead_bytes"))
