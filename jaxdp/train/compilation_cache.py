@@ -62,6 +62,9 @@ _enabled_dir: Optional[str] = None
 # jaxdp's own directory in use: JAX writes there only inside `writing` (thread-local).
 _owned = False
 _min_compile_s: float = 1.0  # the threshold the user set for JAX, applied inside `writing`
+_xla_caches: Optional[str] = None  # the XLA caches the user let JAX enable, restored with their dir
+# "Inside a search's candidate" (this thread): nothing compiled here is written (`unwritten`).
+_local = threading.local()
 
 
 def default_dir() -> str:
@@ -90,7 +93,7 @@ def enable() -> Optional[str]:
   directory cannot be created (then programs compile as without a cache).
   Warns when other users may read or write the directory.
   """
-  global _enabled_dir, _owned, _min_compile_s
+  global _enabled_dir, _owned, _min_compile_s, _xla_caches
   with _lock:
     path = cache_dir()
     if path is None or path == _enabled_dir:
@@ -102,9 +105,13 @@ def enable() -> Optional[str]:
         return None
       if not _owned:
         _min_compile_s = jax.config.jax_persistent_cache_min_compile_time_secs
+        _xla_caches = jax.config.jax_persistent_cache_enable_xla_caches
       # Nothing is written but inside `writing`: a user's own jit (which may close over
       # data, baking it in) compiles below this process-wide threshold.
       jax.config.update("jax_persistent_cache_min_compile_time_secs", math.inf)
+      # XLA's own caches (GPU autotune results keyed by each fusion's HLO, shapes included)
+      # would be written for every program, whatever `writing` says: off in jaxdp's directory.
+      jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
       jax_cache.set_cache_dir(path)
       # JAX decides once per process, at its first compilation, whether a cache is in use;
       # anything compiled before this call must not leave it off.
@@ -112,14 +119,40 @@ def enable() -> Optional[str]:
       _owned = True
     elif _owned:  # the user has given JAX a directory since: JAX's settings decide again
       jax.config.update("jax_persistent_cache_min_compile_time_secs", _min_compile_s)
+      jax.config.update("jax_persistent_cache_enable_xla_caches", _xla_caches)
       jax_cache.reset_cache()
       _owned = False
     _enabled_dir = path
-  if os.path.isdir(path) and os.stat(path).st_mode & 0o077:
-    warnings.warn(f"the compilation cache {path} is open to other users (mode "
-                  f"{os.stat(path).st_mode & 0o777:o}): an entry is an executable this process "
-                  f"may run, so keep it yours (chmod 700 {path})", stacklevel=2)
+  _check_owner(path)
   return path
+
+
+def _check_owner(path: str) -> None:
+  """Warns when other users may write to `path` or own it: an entry is an executable."""
+  if not os.path.isdir(path):
+    return
+  st = os.stat(path)
+  if st.st_mode & 0o077:
+    warnings.warn(f"the compilation cache {path} is open to other users (mode "
+                  f"{st.st_mode & 0o777:o}): an entry is an executable this process "
+                  f"may run, so keep it yours (chmod 700 {path})", stacklevel=3)
+  elif hasattr(os, "getuid") and st.st_uid != os.getuid():
+    warnings.warn(f"the compilation cache {path} belongs to another user (uid {st.st_uid}): an "
+                  f"entry is an executable this process may run, so use a directory of your "
+                  f"own ({ENV})", stacklevel=3)
+
+
+@contextlib.contextmanager
+def unwritten() -> Iterator[None]:
+  """Nothing compiled in this block (this thread only) is written to the cache, whatever a
+  `writing` inside it asks: a search's candidate (a training function's call, a Ray worker's
+  chunk), whose programs and whether any compiles at all would tell of the draw."""
+  depth = getattr(_local, "unwritten", 0)
+  _local.unwritten = depth + 1
+  try:
+    yield
+  finally:
+    _local.unwritten = depth
 
 
 @contextlib.contextmanager
@@ -129,7 +162,7 @@ def writing(persist: bool = True) -> Iterator[Optional[str]]:
   wherever the cache is (a program whose shapes hold a private size). Yields `enable()`'s
   directory."""
   path = enable()
-  if not persist:
+  if not persist or getattr(_local, "unwritten", 0):
     threshold = math.inf
   elif _owned and path is not None and path == _enabled_dir:
     threshold = _min_compile_s
