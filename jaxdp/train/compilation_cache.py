@@ -15,11 +15,14 @@ options, the XLA flags, the backend and the JAX version, in one directory:
 
 2 and 3 are made with mode 0o700 if missing, and there only jaxdp's own
 programs are written: a user's `jax.jit` in the same process, before or after
-a search, leaves nothing there. `JAXDP_COMPILATION_CACHE=0` (or `false`,
-`off`, `no`) turns jaxdp's cache off, and so does JAX's own switch
-(`jax_enable_compilation_cache=False`). JAX's thresholds apply: by default
-only programs that took at least a second to compile are written
-(`jax_persistent_cache_min_compile_time_secs`).
+a search, leaves nothing there, and XLA's own caches, which JAX would put
+there for every program (the GPU autotune cache, keyed by each fusion's
+shapes), are off (`jax_persistent_cache_enable_xla_caches="none"`).
+`JAXDP_COMPILATION_CACHE=0` (or `false`, `off`, `no`) turns jaxdp's cache
+off (not case 1: JAX's own switch governs that one,
+`jax_enable_compilation_cache=False`, which turns either off). JAX's
+thresholds apply: by default only programs that took at least a second to
+compile are written (`jax_persistent_cache_min_compile_time_secs`).
 
 **Why it holds nothing private.** No data value is baked into a jaxdp
 program: every array reaches a program as an argument. And no private size
@@ -29,14 +32,24 @@ of one declared size, whatever rows they hold (N, N + 1 or N - 1), share
 every program and leave the same entries
 (`tests/train/test_compilation_cache.py` scans the entries' constants for the
 data's values and their parameter shapes for the row counts). A `DpScore`
-reads its validation rows unpadded: its programs are never written. Nor
-is a search's program that its draw decided (`jaxdp.sweep.engine`: a plan
-of several programs, whose static hyperparameters drawn would tell of K, or
-a layout sized for the number of candidates). What the entries show is
-public: the declared sizes, the code, the one program of a plan, a lone
-run's configuration, and when each was first compiled. The cache is trusted
-like code (an entry is an executable): only your user should write to it,
-and a warning says when others may.
+reads its validation rows unpadded: its programs are never written.
+
+**Nor K, nor which candidates were drawn.** Whether a search writes an
+entry is the same for every draw (`jaxdp.sweep.engine._persistable`): its
+program is written only when the plan has one program and the layout is the
+same for every K >= 1 (one candidate per device, CPU's default, and a
+data-parallel degree given or one device); a search that draws K = 0
+compiles that program without running it (`engine.compile_unrun`). A layout
+chosen for K (several candidates per device, an automatic data-parallel
+degree on several devices) is never written: a limitation, as on an
+accelerator the default layout depends on K (a layout from public numbers
+only would lift it). Nothing compiled inside `unwritten()` is written: a
+`TrainFunction`'s `train_fn` call (jaxdp training inside it included), a
+Ray worker's chunk, another trainer than `LocalTrainer`. What the entries
+show is public: the declared sizes, the code, the one program of a plan, a
+lone run's configuration, and when each was first compiled. The cache is
+trusted like code (an entry is an executable): only your user should write
+to it, and a warning says when others may or own it.
 """
 
 from __future__ import annotations
