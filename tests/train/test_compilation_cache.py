@@ -399,15 +399,21 @@ _DRAWS = textwrap.dedent("""
 """)
 
 
-def test_entries_tell_nothing_of_k_nor_of_which_candidates_were_drawn(tmp_path):
-  def entries(case):
-    return json.loads(_python(_DRAWS, case, env=_env(tmp_path / case)).splitlines()[-1])
-  one = entries("one")
+def _drawn_entries(tmp_path, case) -> list:
+  return json.loads(_python(_DRAWS, case, env=_env(tmp_path / case)).splitlines()[-1])
+
+
+def test_a_search_that_draws_k_0_leaves_the_entry_one_of_k_1_leaves(tmp_path):
+  one = _drawn_entries(tmp_path, "one")
   assert len(one) == 1
   # K = 0 compiles (without running) the program K >= 1 writes: the same entry, by name (no
   # directory path is in the compile options, so names agree across directories: G3).
-  assert entries("zero") == one
-  assert entries("function") == []
+  assert _drawn_entries(tmp_path, "zero") == one
+
+
+def test_jaxdp_training_inside_a_train_fn_writes_nothing(tmp_path):
+  """Its programs told which static values were drawn, hence K >= 2 (review 44b, G2)."""
+  assert _drawn_entries(tmp_path, "function") == []
 
 
 _OPTIONS = textwrap.dedent("""
