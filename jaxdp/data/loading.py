@@ -182,7 +182,8 @@ class Dataset:
         raise ValueError(f"train holds more rows than the row capacity {capacity} of num_examples="
                          f"{self.num_examples} (every compiled program is sized for this public "
                          "capacity, never for the rows present): declare the size you may publish "
-                         "as num_examples, or a larger Dataset(row_capacity=...)")
+                         "as num_examples, or give Dataset(row_capacity=...) a public bound above "
+                         "any data set this may run on, never a count read from the data")
       if isinstance(split, DataSplit):
         self._check_labels(split_name, split)
     reference = _example_structure(self.train)

@@ -57,8 +57,10 @@ from jaxdp._cache import LruCache
 from jaxdp.data import Dataset
 from jaxdp.sweep import checkpoints
 from jaxdp.sweep.task_plan import TaskPlan, task_plan_of
+from jaxdp.sweep.chunk_saver import ChunkSaver
 from jaxdp.sweep.progress import candidates_bar
 from jaxdp.sweep.space import Candidate, candidate_keys
+from jaxdp.train import compilation_cache
 from jaxdp.train import padding
 from jaxdp.train import program
 from jaxdp.train import loop_spec
@@ -183,14 +185,16 @@ def _compiled_chunk(spec: LoopSpec, devices: tuple, per_device: int, data_parall
   return program.compile_cached(jitted, args, persist=persist and padding.persistable(spec.task))
 
 
-def _persistable(plan: TaskPlan, group: _Group, per_device: int, largest: int, num_devices: int) -> bool:
-  """Whether every call on this plan compiles this program, whatever its candidates (a tuner's
-  draw: which programs, or a layout sized for their number, would tell of K, secret, to whoever
-  reads the cache): the plan has one program and the layout is that of any large search."""
+def _persistable(plan: TaskPlan, group: "_Group", largest: int, num_devices: int) -> bool:
+  """Whether every search on this plan compiles this program, whatever it drew: K and which
+  candidates are secret, and whether an entry is written must not tell them. So the plan has
+  one program, and the layout is the same for every K >= 1: one candidate per device
+  (`largest` == 1, CPU's default), and a data-parallel degree given, or one device (the
+  automatic degree is chosen for K). A layout chosen for K is never written (a limitation:
+  on an accelerator `largest` is usually above 1)."""
   programs = {(run.spec, run.config.execution.data_parallel) for run in plan.runs}
   requested = group.run.config.execution.data_parallel
-  return (len(programs) == 1 and per_device == largest
-          and group.data_parallel == data_parallel_degree(requested, 2**62, num_devices))
+  return len(programs) == 1 and largest == 1 and (requested is not None or num_devices == 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,69 +307,10 @@ def _cadence(group: "_Group", candidates) -> _Cadence:
   return _Cadence(fixed[0] if fixed else (None if None in asked else 0))
 
 
-def _saved(state: program.LoopState) -> dict:
-  return {field: getattr(state, field) for field in program.SAVED_FIELDS}
-
-
-def _set_row(rows: np.ndarray, j: int, value) -> np.ndarray:
-  rows = np.array(rows)  # a copy: the group's template stays zeros
-  rows[j] = value
-  return rows
-
-
-class _Saver:
-  """The engine's side of `jaxdp.sweep.checkpoints`: a chunk's resume and its saves."""
-
-  def __init__(self, store: checkpoints.Checkpoints, plan: TaskPlan, candidates):
-    self.store, self.plan, self.candidates = store, plan, candidates
-    self._identity: dict = {}
-    self.last: dict = {}  # candidate id -> the step of its newest checkpoint
-
-  def identity(self, i: int) -> str:
-    cid = self.candidates[i].id
-    if cid not in self._identity:
-      self._identity[cid] = self.plan.identity(self.candidates[i])
-    return self._identity[cid]
-
-  def resume(self, padded: list, empty: program.LoopState) -> tuple:
-    """(host state with every checkpointed candidate's saved state in its rows, the rows to
-    start fresh, index -> step), or (None, None, {}) when no candidate of the chunk has one."""
-    ids = [self.candidates[i].id for i in padded]
-    if not any(self.store.steps(cid) for cid in set(ids)):
-      return None, None, {}
-    host = _saved(empty)
-    fresh = np.ones(len(padded), bool)
-    found, resumed = {}, {}
-    for j, (i, cid) in enumerate(zip(padded, ids)):
-      if cid not in found:
-        found[cid] = self.store.restore(cid, self.identity(i),
-                                        jax.tree.map(lambda x, j=j: np.asarray(x[j]), host))
-      if found[cid] is None:
-        continue
-      step, saved = found[cid]
-      host = jax.tree.map(lambda rows, x, j=j: _set_row(rows, j, x), host, saved)
-      fresh[j] = False
-      resumed[i] = self.last[cid] = step
-    if not resumed:
-      return None, None, {}
-    return empty._replace(**host), fresh, resumed
-
-  def save(self, padded: list, state: program.LoopState, stop: int) -> None:
-    """Saves the chunk's candidates that ran to `stop` in this segment, labelled `stop` (the
-    segment's public stop, not the state's step, which a diverged candidate's data decides)."""
-    host = jax.device_get(_saved(state))
-    for j, i in enumerate(padded):
-      cid = self.candidates[i].id
-      if stop > self.last.get(cid, 0):
-        self.store.save(cid, self.identity(i), stop,
-                        jax.tree.map(lambda x, j=j: np.asarray(x[j]), host))
-        self.last[cid] = stop
-
-
-def _dispatch_group(group: _Group, candidates, plan: TaskPlan, splits: tuple, devices: tuple,
-                    per_device: int, bar, saver: Optional[_Saver], persist: bool) -> Iterator[_Job]:
-  """Dispatches the group's chunks one by one. Without checkpoints each returns at once (the
-  devices run asynchronously); with them, a chunk stops after each segment to save."""
+def _layout(group: "_Group", candidates, plan: TaskPlan, splits: tuple, devices: tuple,
+            per_device: int) -> tuple:
+  """What a group's chunks share: (sharding, candidates per chunk, `arguments(inputs, state,
+  fresh, stop)` the program's arguments, the empty state, its device copy with the fresh rows)."""
   mesh = _mesh(devices, group.data_parallel)
   chunk = per_device * mesh.shape["candidates"]
   sharding = NamedSharding(mesh, P("candidates"))
@@ -377,6 +322,18 @@ def _dispatch_group(group: _Group, candidates, plan: TaskPlan, splits: tuple, de
   key_dtype = candidates[group.indices[0]].key().dtype  # a search's candidates share its impl
   empty = program.empty_state(group.spec, plan.data.train, rows=chunk, key_dtype=key_dtype)
   empty_on_device = jax.device_put((empty, np.ones(chunk, bool), np.zeros(chunk, bool)), sharding)
+
+  def arguments(inputs, state, fresh, stop) -> tuple:
+    return (*inputs, train, test, validation, initial, state, fresh, np.int32(stop))
+  return sharding, chunk, arguments, empty, empty_on_device
+
+
+def _dispatch_group(group: _Group, candidates, plan: TaskPlan, splits: tuple, devices: tuple,
+                    per_device: int, bar, saver: Optional[ChunkSaver], persist: bool) -> Iterator[_Job]:
+  """Dispatches the group's chunks one by one. Without checkpoints each returns at once (the
+  devices run asynchronously); with them, a chunk stops after each segment to save."""
+  sharding, chunk, arguments, empty, empty_on_device = _layout(group, candidates, plan, splits,
+                                                               devices, per_device)
   executable, compile_s = None, 0.0
 
   def compiled(args):
@@ -387,9 +344,6 @@ def _dispatch_group(group: _Group, candidates, plan: TaskPlan, splits: tuple, de
                                               args, persist)
       bar.set_postfix_str(f"compiled in {compile_s:.1f} s")
     return executable
-
-  def arguments(inputs, state, fresh, stop) -> tuple:
-    return (*inputs, train, test, validation, initial, state, fresh, np.int32(stop))
 
   def run(inputs, state, fresh, stop):
     args = arguments(inputs, state, fresh, stop)
@@ -419,7 +373,7 @@ def _dispatch_group(group: _Group, candidates, plan: TaskPlan, splits: tuple, de
 
 
 def _segments(step, warm, state, fresh: tuple, padded: list, resumed: dict, cadence: _Cadence,
-              saver: _Saver, total: int) -> tuple:
+              saver: ChunkSaver, total: int) -> tuple:
   """(state, scores) of a chunk run to `total` as segments of the one compiled program, saving
   checkpoints at the cadence's stops: where the loop stops changes nothing it computes.
 
@@ -452,7 +406,7 @@ class _Collector:
   chunk's results to `on_chunk` as soon as they are there."""
 
   def __init__(self, candidates, plan: TaskPlan, keep_params: bool,
-               on_chunk: Optional[Callable[[list], None]], bar, saver: Optional[_Saver]):
+               on_chunk: Optional[Callable[[list], None]], bar, saver: Optional[ChunkSaver]):
     self.candidates, self.plan, self.keep_params, self.saver = candidates, plan, keep_params, saver
     self.on_chunk, self.bar = on_chunk, bar
     self.results: list = [None] * len(candidates)
@@ -563,10 +517,10 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, TaskP
   def splits_of(task):
     how = (task.private_score, padding.validation_capacity(task))
     if how not in placed:
-      placed[how] = jax.device_put(device_splits(plan.data, task), NamedSharding(mesh, P()))
+      placed[how] = _placed_splits(plan, task, mesh)
     return placed[how]
   store = None if checkpoint_dir is None else checkpoints.Checkpoints(checkpoint_dir)
-  saver = None if store is None else _Saver(store, plan, candidates)
+  saver = None if store is None else ChunkSaver(store, plan, candidates)
   with contextlib.ExitStack() as stack, candidates_bar(len(candidates), progress) as bar:
     if store is not None:
       stack.enter_context(store)  # pending saves finish before the call returns
@@ -578,7 +532,7 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, TaskP
           group.spec, devices[0], padding.rows_of(splits[0]))
       slots = len(devices) // group.data_parallel  # candidates trained side by side
       per_device = min(largest, math.ceil((search_size or len(group.indices)) / slots))
-      persist = _persistable(plan, group, per_device, largest, len(devices))
+      persist = _persistable(plan, group, largest, len(devices))
       for job in _dispatch_group(group, candidates, plan, splits, devices, per_device, bar, saver,
                                  persist):
         if pending is not None:
@@ -587,6 +541,39 @@ def train_candidates(candidates: Sequence[Candidate], data: Union[Dataset, TaskP
     if pending is not None:
       collector.finish(pending)
   return collector.results
+
+
+def _placed_splits(plan: TaskPlan, task, mesh: Mesh) -> tuple:
+  """The data splits `task` reads, replicated on every device of `mesh`."""
+  return jax.device_put(device_splits(plan.data, task), NamedSharding(mesh, P()))
+
+
+def compile_unrun(stand_in: Candidate, plan: TaskPlan, *,
+                  max_candidates_per_device: Optional[int] = None,
+                  devices: Optional[Sequence[jax.Device]] = None) -> None:
+  """Compiles, without running, the program `train_candidates` would write to the persistent
+  compilation cache for a search of `stand_in`'s plan, if it writes one.
+
+  A search that drew K = 0 calls it with any candidate of its plan (which trains nothing), so
+  it leaves the entries a search of K >= 1 leaves: whether one is written tells nothing of K.
+  """
+  devices = check_options(max_candidates_per_device, devices)
+  plan.check_candidates([stand_in])
+  if compilation_cache.cache_dir() is None:
+    return
+  (group,) = _groups([stand_in], plan, len(devices), None)
+  if not padding.persistable(group.spec.task):
+    return
+  splits = _placed_splits(plan, group.spec.task, Mesh(np.array(devices), ("devices",)))
+  largest = max_candidates_per_device or auto_candidates_per_device(
+      group.spec, devices[0], padding.rows_of(splits[0]))
+  if not _persistable(plan, group, largest, len(devices)):
+    return
+  sharding, chunk, arguments, _, (state, fresh, _) = _layout(group, [stand_in], plan, splits,
+                                                             devices, 1)
+  inputs = _chunk_inputs([stand_in], [0] * chunk, plan, group.spec, sharding)
+  _compiled_chunk(group.spec, devices, 1, group.data_parallel,
+                  arguments(inputs, state, fresh, group.spec.num_steps), True)
 
 
 def host_device_flag(n: Optional[int] = None) -> str:

@@ -58,6 +58,7 @@ from jaxdp.sweep import artifacts
 from jaxdp.sweep.identity import UNIDENTIFIED, function_identity, function_name
 from jaxdp.sweep.progress import candidates_bar
 from jaxdp.sweep.space import Candidate, _json_value, checked_grid, key_digest, point_key
+from jaxdp.train import compilation_cache
 from jaxdp.train.digest import scrub
 
 #: The seeds a training function is called with: integers in [0, 2**63).
@@ -420,8 +421,11 @@ def call(plan: FunctionPlan, candidate: Candidate) -> FunctionResult:
   seed = call_seed(candidate)
   began = time.perf_counter()
   try:
-    out = plan.function.train_fn(copy.deepcopy(dict(run.hparams)),
-                                 seed)  # its own: what it mutates stays there
+    # Which programs a call compiles tells which candidates were drawn, and how many: jaxdp
+    # training inside it (`train_candidate`...) writes none to the persistent cache.
+    with compilation_cache.unwritten():
+      out = plan.function.train_fn(copy.deepcopy(dict(run.hparams)),
+                                   seed)  # its own: what it mutates stays there
   except Exception as err:
     raise TrainFunctionError(
         f"train_fn raised {type(err).__name__} for hyperparameters {dict(run.hparams)}: {err}. "

@@ -41,6 +41,7 @@ one store serves every kind of plan.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -56,8 +57,9 @@ from jaxdp.sweep.pool import (MANIFEST, ParamsDamagedError, PoolMismatchError, R
 from jaxdp.sweep.records import event_record, result_fields, result_from_record
 from jaxdp.sweep.space import Candidate, config_record
 from jaxdp.sweep.task_plan import task_plan_of
-from jaxdp.sweep.trainers import Trainer, default_trainer
+from jaxdp.sweep.trainers import LocalTrainer, Trainer, default_trainer
 from jaxdp.sweep.trainers import check as check_trainer
+from jaxdp.train import compilation_cache
 from jaxdp.train.run_plan import RunPlan
 from jaxdp.train.trainer import CandidateResult
 
@@ -155,6 +157,14 @@ class CandidateStore:
         self._drop(err)
     return self._stored(candidates)
 
+  def compile_unrun(self, stand_in: Candidate) -> None:
+    """For a search that drew no candidate: compiles the program a search of this plan writes
+    to the persistent compilation cache (`LocalTrainer.compile_unrun`), so that whether an
+    entry is written does not tell K = 0 from K >= 1. `stand_in`: any candidate of the plan
+    (it never trains)."""
+    if isinstance(self.trainer, LocalTrainer):
+      self.trainer.compile_unrun(stand_in, self.plan)
+
   def fill(self, candidates: Sequence[Candidate]) -> None:
     """Trains the candidates the pool does not hold yet, appending each chunk as it ends."""
     done = self.pool.done_ids()
@@ -198,8 +208,13 @@ class CandidateStore:
       store(chunk)
       held.update((c.id, r) for c, r in chunk)
 
-    returned = self.trainer(todo, self.plan, keep_params=self.keep_params, search_size=search_size,
-                            on_chunk=on_chunk, checkpoint_dir=self._checkpoint_dir)
+    # Only jaxdp's own trainer writes to the persistent compilation cache, and it writes the
+    # same entries whatever K (`compile_unrun`); another trainer's programs are never written.
+    with (contextlib.nullcontext() if isinstance(self.trainer, LocalTrainer)
+          else compilation_cache.unwritten()):
+      returned = self.trainer(todo, self.plan, keep_params=self.keep_params,
+                              search_size=search_size, on_chunk=on_chunk,
+                              checkpoint_dir=self._checkpoint_dir)
     if len(held) != len(wanted) or returned is None or len(returned) != len(todo):
       raise RuntimeError("the trainer returned without reporting one result per candidate to "
                          "on_chunk: a trainer must call on_chunk for every chunk it trains and "

@@ -28,6 +28,7 @@ from jaxdp.sweep import engine, ray_backend
 from jaxdp.sweep.functions import FunctionPlan, train_functions
 from jaxdp.sweep.plan import SearchPlan
 from jaxdp.sweep.space import Candidate
+from jaxdp.train import compilation_cache
 
 OnChunk = Callable[[list], None]
 
@@ -121,6 +122,25 @@ class LocalTrainer:
         keep_params=keep_params, progress=self.progress, on_chunk=on_chunk, search_size=search_size,
         checkpoint_dir=checkpoint_dir)
 
+  def compile_unrun(self, stand_in: Candidate, plan: SearchPlan) -> None:
+    """A search that drew no candidate compiles, without running, the program one of
+    `stand_in`'s plan would write to the persistent compilation cache (`engine.compile_unrun`):
+    the entries do not tell K = 0 from K >= 1. A training function's are never written."""
+    if not isinstance(plan, FunctionPlan):
+      engine.compile_unrun(stand_in, plan, devices=self.devices,
+                           max_candidates_per_device=self.max_candidates_per_device)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unwritten:
+  """A Ray worker's `LocalTrainer`, its programs never written to the persistent cache: which
+  workers get a chunk, and its layout (`search_size`), depend on K."""
+  local: LocalTrainer
+
+  def __call__(self, *args, **kwargs) -> list:
+    with compilation_cache.unwritten():
+      return self.local(*args, **kwargs)
+
 
 @dataclasses.dataclass(frozen=True)
 class RayTrainer:
@@ -186,7 +206,7 @@ class RayTrainer:
     # same bits in whichever chunk it lands: the short last chunk, or a rerun of what a crash
     # left missing.
     layout = min(self.chunk_size, search_size or self.chunk_size)
-    worker = dataclasses.replace(self.local, progress=False, on_chunk=None)
+    worker = _Unwritten(dataclasses.replace(self.local, progress=False, on_chunk=None))
     return ray_backend.run_chunks(
         candidates, plan, worker, dict(keep_params=keep_params, search_size=layout,
                                        checkpoint_dir=checkpoint_dir),

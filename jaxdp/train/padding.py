@@ -105,7 +105,8 @@ def check_validation(task: Task, data: Dataset) -> None:
   if jax.tree.leaves(data.private_validation)[0].shape[0] > capacity:
     raise ValueError(f"task {task.name!r}: private_validation holds more rows than the row capacity "
                      f"{capacity} of its declared size NoisyMean.num_examples="
-                     f"{task.score.num_examples}: declare the validation size you may publish")
+                     f"{task.score.num_examples}: declare the validation size you may publish, "
+                     "a public bound, never a count read from the data")
 
 
 def host_splits(data: Dataset, task: Task, fill: float = 0, int_fill: int = 0) -> tuple:

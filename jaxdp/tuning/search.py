@@ -115,6 +115,8 @@ def random_search(trainable: Trainable, search_space: Optional[Mapping[str, Sequ
   with CandidateStore(plan, run_dir=run.run_dir, fingerprint=fingerprint,
                       trainer=run.trainer) as store:
     cands = draws.draw_search(plan, distribution, key)
+    if not cands:  # nothing trains, yet the cache gets the entries a search of K >= 1 leaves
+      store.compile_unrun(draws.draw_candidates(plan, 1, key)[0])
     results = store.train(cands)
   chosen = draws.best_index(results)
   if chosen is None:

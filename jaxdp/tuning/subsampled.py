@@ -208,6 +208,8 @@ def subsampled_search(config: Union[TrainConfig, SearchSpace],
                       trainer=run.trainer) as store:
     # Papernot-Steinke random search on X1, with the same key use as `random_search`.
     cands = draws.draw_search(args.plan, args.distribution, search_key)
+    if not cands:  # nothing trains, yet the cache gets the entries a search of K >= 1 leaves
+      store.compile_unrun(draws.draw_candidates(args.plan, 1, search_key)[0])
     results = store.train(cands)
     best = draws.best_index(results)
     if best is None:  # the final run still trains, at the first grid point (data-independent)

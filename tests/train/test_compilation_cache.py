@@ -320,23 +320,132 @@ def test_a_directory_open_to_other_users_is_warned_about(tmp_path):
                         env=_env(tmp_path, JAXDP_COMPILATION_CACHE_DIR=str(shared)), check=False)
   assert proc.returncode != 0 and "open to other users (mode 755)" in proc.stderr
   assert "chmod 700" in proc.stderr
+  # Private (0700) but another user's: their entries are executables this process would run.
+  foreign = tmp_path / "foreign"
+  foreign.mkdir(mode=0o700)
+  script = ("import os, warnings; warnings.simplefilter('error'); os.getuid = lambda: "
+            f"{os.stat(foreign).st_uid + 1}; from jaxdp.train import compilation_cache as c; c.enable()")
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                        env=_env(tmp_path, JAXDP_COMPILATION_CACHE_DIR=str(foreign)), check=False)
+  assert proc.returncode != 0 and "belongs to another user" in proc.stderr
 
 
-def test_a_search_program_is_persisted_only_when_no_draw_decides_it():
+def test_a_search_program_is_persisted_only_when_its_layout_is_the_same_for_every_k():
   from jaxdp.sweep import engine  # pylint: disable=g-import-not-at-top
 
   def run(spec, data_parallel=None):
     return types.SimpleNamespace(spec=spec, config=types.SimpleNamespace(
         execution=types.SimpleNamespace(data_parallel=data_parallel)))
   one = types.SimpleNamespace(runs=[run("a"), run("a")])
-  group = types.SimpleNamespace(run=run("a"), data_parallel=1)
-  assert engine._persistable(one, group, per_device=4, largest=4, num_devices=2)
-  # Which static hyperparameters were drawn (two programs), a chunk sized for few candidates, or
-  # a data-parallel degree chosen because there were fewer candidates than devices: K shows.
+  auto = types.SimpleNamespace(run=run("a"), data_parallel=1)
+  given = types.SimpleNamespace(run=run("a", 2), data_parallel=2)
+  assert engine._persistable(one, auto, largest=1, num_devices=1)
+  assert engine._persistable(one, given, largest=1, num_devices=2)  # asked for: public
+  # Which static hyperparameters were drawn (two programs); candidates per device chosen for K
+  # (up to `largest`); a data-parallel degree chosen for K (several devices, none asked for).
   two = types.SimpleNamespace(runs=[run("a"), run("b")])
-  assert not engine._persistable(two, group, per_device=4, largest=4, num_devices=2)
-  assert not engine._persistable(one, group, per_device=2, largest=4, num_devices=2)
-  assert not engine._persistable(one, types.SimpleNamespace(run=run("a"), data_parallel=2),
-                                 per_device=4, largest=4, num_devices=2)
-  assert engine._persistable(one, types.SimpleNamespace(run=run("a", 2), data_parallel=2),
-                             per_device=4, largest=4, num_devices=2)  # asked for: public
+  assert not engine._persistable(two, auto, largest=1, num_devices=1)
+  assert not engine._persistable(one, auto, largest=4, num_devices=1)
+  assert not engine._persistable(one, given, largest=4, num_devices=2)
+  assert not engine._persistable(one, auto, largest=1, num_devices=2)
+
+
+@pytest.mark.parametrize("max_per, devices", [(None, 1), (4, 1), (None, 2), (1, 2)])
+def test_whether_a_search_asks_to_persist_never_depends_on_k(digits, monkeypatch, max_per, devices):
+  """Every K from 1 to 5 (a search of 4 candidates per device once filled a chunk of 4 and was
+  written, and one of 2 devices was written from K = 2 on: adversarial review 44b, G1)."""
+  from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
+  from jaxdp.tuning import LocalTrainer, RunConfig, random_search  # pylint: disable=g-import-not-at-top
+  asked = []
+  compile_cached = program.compile_cached
+  monkeypatch.setattr(program, "compile_cached", lambda jitted, args, *, persist=True: (
+      asked.append(persist), compile_cached(jitted, args, persist=False))[1])
+  config = TrainConfig(task=presets.classifier(10), l2_clip_norm=1.0, noise_multiplier=1.0,
+                       sampling_prob=0.05, steps=2, hparams=dict(learning_rate=1.0, model="logreg"))
+  trainer = LocalTrainer(devices=jax.devices()[:devices], max_candidates_per_device=max_per)
+  for k in range(1, 6):
+    random_search(config, {"learning_rate": [0.5, 1.0]}, digits, distribution=acc.Fixed(k),
+                  key=jax.random.key(k), run_config=RunConfig(trainer=trainer))
+  assert len(set(asked)) == 1 and asked[0] == (max_per in (None, 1) and devices == 1), asked
+
+
+# K = 0 (nothing trains) and K = 1 under default settings, on one device; and a TrainFunction
+# whose train_fn trains with jaxdp (its programs told which static values were drawn: G2).
+_DRAWS = textwrap.dedent("""
+    import dataclasses, json, os, sys, warnings
+    import jax
+    from jaxdp import accounting as acc
+    from jaxdp.data import load_dataset
+    from jaxdp.train import TrainConfig, compilation_cache, presets, train_candidate
+    from jaxdp.tuning import TrainFunction, random_search
+    warnings.simplefilter("ignore")
+    digits, case = load_dataset("digits"), sys.argv[1]
+    base = TrainConfig(task=presets.classifier(10), l2_clip_norm=1.0, noise_multiplier=1.0,
+                       sampling_prob=0.05, steps=3, hparams=dict(learning_rate=1.0, model="logreg"))
+    if case == "function":
+      config = lambda h: dataclasses.replace(base, hparams=dict(h))
+      def train_fn(h, seed):
+        return float(train_candidate(config(h), digits, jax.random.key(seed % 2**31)).score), None
+      random_search(TrainFunction(train_fn, lambda h: config(h).dp_event()),
+                    {"learning_rate": [0.5], "model": ["logreg", "mlp"]}, distribution=acc.Fixed(3),
+                    key=jax.random.key(0))
+    else:
+      law = acc.Fixed(1) if case == "one" else acc.Poisson(mean=1e-9)
+      result = random_search(base, {"learning_rate": [0.3, 1.0]}, digits, distribution=law,
+                             key=jax.random.key(0))
+      assert result.unreleased.num_candidates == (case == "one")
+    where = compilation_cache.cache_dir()
+    print(json.dumps(sorted(os.listdir(where)) if os.path.isdir(where) else []))
+""")
+
+
+def _drawn_entries(tmp_path, case) -> list:
+  return json.loads(_python(_DRAWS, case, env=_env(tmp_path / case)).splitlines()[-1])
+
+
+def test_a_search_that_draws_k_0_leaves_the_entry_one_of_k_1_leaves(tmp_path):
+  one = _drawn_entries(tmp_path, "one")
+  assert len(one) == 1
+  # K = 0 compiles (without running) the program K >= 1 writes: the same entry, by name (no
+  # directory path is in the compile options, so names agree across directories: G3).
+  assert _drawn_entries(tmp_path, "zero") == one
+
+
+def test_jaxdp_training_inside_a_train_fn_writes_nothing(tmp_path):
+  """Its programs told which static values were drawn, hence K >= 2 (review 44b, G2)."""
+  assert _drawn_entries(tmp_path, "function") == []
+
+
+_OPTIONS = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jax._src import compiler
+    from jaxdp.train import compilation_cache
+    seen = []
+    original = compiler.get_compile_options
+    def spy(*args, **kwargs):
+      options = original(*args, **kwargs)
+      seen.append(str(options.executable_build_options.debug_options))
+      return options
+    compiler.get_compile_options = spy
+    where = compilation_cache.enable()
+    x = jnp.ones((301, 64), np.float32)
+    jax.jit(lambda w: jnp.tanh(x @ w)).lower(np.ones(64, np.float32)).compile()
+    for persist in (True, False):
+      with compilation_cache.writing(persist):
+        jax.jit(lambda w: jnp.sin(x @ w) + persist).lower(np.ones(64, np.float32)).compile()
+    print(len(seen), sum(where in options for options in seen), jax.config.jax_persistent_cache_enable_xla_caches)
+""")
+
+
+def test_xla_caches_stay_out_of_jaxdps_directory(tmp_path):
+  """JAX points XLA's GPU autotune cache (results keyed by each fusion's HLO, shapes included)
+  into the cache directory for every program, whatever `writing` says: off in jaxdp's own
+  (read on CPU from the compile options; G3). A directory given to JAX keeps JAX's setting."""
+  compiled, named, setting = _python(_OPTIONS, env=_env(tmp_path)).split()
+  assert int(compiled) >= 3 and (named, setting) == ("0", "none")
+  theirs = str(tmp_path / "theirs")
+  compiled, named, setting = _python(_OPTIONS, env=_env(tmp_path, JAX_COMPILATION_CACHE_DIR=theirs)).split()
+  assert int(compiled) >= 3 and named == compiled and setting != "none"
+
+
