@@ -53,13 +53,14 @@ MILESTONES = (0.25, 0.5, 0.75, 1.0)
 @dataclasses.dataclass(frozen=True)
 class MilestoneTrainer:
   """A trainer (`jaxdp.sweep.trainers.Trainer`) that reports the share of candidates done at
-  fixed milestones, never a count: `report(share, elapsed_seconds)` once per milestone, in order.
+  fixed milestones, never a count: `report(share)` once per milestone, in order (the caller
+  times them from one start of its own, so a search that trains nothing, K = 0, is timed alike).
 
   It wraps another trainer and counts the candidates of each chunk as it ends (the chunk's
   results never leave this object).
   """
 
-  report: Callable[[float, float], None]
+  report: Callable[[float], None]
   inner: Any = dataclasses.field(default_factory=LocalTrainer)
 
   def check(self, plan) -> None:
@@ -67,14 +68,14 @@ class MilestoneTrainer:
 
   def __call__(self, candidates: Sequence, plan, *, keep_params: bool = True,
                search_size: Optional[int] = None, on_chunk=None, checkpoint_dir=None) -> list:
-    began, done, reached = time.monotonic(), [0], [0]
+    done, reached = [0], [0]
 
     def count(chunk):
       if on_chunk is not None:
         on_chunk(chunk)  # the durable store's: it writes the chunk first
       done[0] += len(chunk)
       while reached[0] < len(MILESTONES) and done[0] >= MILESTONES[reached[0]] * len(candidates):
-        self.report(MILESTONES[reached[0]], time.monotonic() - began)
+        self.report(MILESTONES[reached[0]])
         reached[0] += 1
 
     return self.inner(candidates, plan, keep_params=keep_params, search_size=search_size,
@@ -103,15 +104,15 @@ def run(logdir: str, *, mean_candidates: float = 8.0, target_epsilon: float = 2.
 
     began, reached = time.monotonic(), []
 
-    def report(share, elapsed):
+    def report(share):  # every milestone timed from this one start, whatever K
       reached.append(share)
       progress.add_scalar("progress/share_done", share, len(reached))
-      progress.add_scalar("progress/elapsed_seconds", elapsed, len(reached))
+      progress.add_scalar("progress/elapsed_seconds", time.monotonic() - began, len(reached))
 
     result = random_search(function, lr.GRID, key=jax.random.key(seed),
                            run_config=RunConfig(trainer=MilestoneTrainer(report)), **search)
     for share in MILESTONES[len(reached):]:  # K = 0 trains nothing: its log must look the same
-      report(share, time.monotonic() - began)
+      report(share)
     if log_all_scores:
       _log_all_scores(progress, result)
   # Opened only now: nothing in this run dates the search's start.

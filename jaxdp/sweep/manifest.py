@@ -12,6 +12,7 @@ what it is, never shown.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Mapping, Sequence
 
 from jaxdp.sweep.space import MECHANISM_PARTS
@@ -205,8 +206,22 @@ def differences(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> tuple
       lines.append(difference(k, a, b))
     else:  # the tuner's arguments by their own names: `distribution`, not `accounted.distribution`
       prefix = "" if k == "accounted" and isinstance(a, dict) and isinstance(b, dict) else k
-      lines.extend(difference(p, x, y) for p, x, y in _leaves(prefix, a, b))
+      lines.extend(_collapsed(_leaves(prefix, a, b)))
   return diff, lines
+
+
+def _collapsed(leaves: list) -> list:
+  """A line per change, one change at many indices of a list said once ('points[*].x: stored
+  1.0, now 2.0 (at 8 indices)'), so a setting changed at every grid point is one line."""
+  where: dict = {}
+  for path, a, b in leaves:
+    where.setdefault((re.sub(r"\[\d+\]", "[*]", path), repr(a), repr(b)), []).append((path, a, b))
+  lines = []
+  for (generic, _, _), same in where.items():
+    path, a, b = same[0]
+    lines.append(difference(path, a, b) if len(same) == 1
+                 else f"{difference(generic, a, b)} (at {len(same)} indices)")
+  return lines
 
 
 def merged_mechanism(recorded: Mapping[str, Mapping[str, str]],

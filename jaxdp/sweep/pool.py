@@ -309,7 +309,8 @@ class ResultPool:
   def _check_manifest(self) -> None:
     path = os.path.join(self.run_dir, MANIFEST)
     expected = self._expected_manifest()
-    if not os.path.exists(path):
+    self.existed = os.path.exists(path)
+    if not self.existed:
       if os.path.exists(self._path) and os.path.getsize(self._path):
         raise PoolMismatchError(
             f"run directory {self.run_dir!r} holds results but no {MANIFEST}, so what they were "

@@ -174,19 +174,17 @@ def released(plan: SearchPlan, accounting: planning.Accounting, store: Candidate
 
 
 def report_resumes(store: CandidateStore) -> None:
-  """The line a durable search prints when it resumed an earlier run.
+  """The line a durable search prints when its `run_dir` held an earlier run of it.
 
-  It names no count and no candidate: how many candidates a search trains is K (or, for
-  `threshold_search`, a number the data decide) and ids hash the candidates' keys, neither
-  covered by epsilon.
+  One fixed line whenever the run directory already held this search, whatever was read back:
+  how many candidates a search trains is K (or, for `threshold_search`, a number the data
+  decide), and whether any was stored, or had a checkpoint, tells K = 0 from K >= 1 (the same
+  empty release otherwise); none of it is covered by epsilon.
   """
-  if store.pool is None or not (store.resumed or store.resumed_steps):
+  if store.pool is None or not store.pool.existed:
     return
-  what = [part for part, held in (("read back candidates it had stored", store.resumed),
-                                  ("continued candidates from their checkpoints",
-                                   store.resumed_steps)) if held]
-  tqdm.write(f"{store.pool.run_dir}: resumed an earlier run of this search ({' and '.join(what)}"
-             "; the rest trained now)", file=sys.stderr)
+  tqdm.write(f"{store.pool.run_dir}: this search ran here before: what it stored was read back, "
+             "the rest trained now", file=sys.stderr)
 
 
 def dry_run(trainable: Trainable, search_space: Optional[Mapping[str, Sequence]] = None,

@@ -149,7 +149,7 @@ def test_every_tuner_reports_what_a_resume_did(user_config, user_data, tmp_path,
   assert again.hyperparameters == first.hyperparameters and again.score == first.score
   # The line says that it resumed, not how many: the count of candidates is K (issue 42).
   err = capsys.readouterr().err
-  assert "resumed an earlier run of this search (read back candidates it had stored" in err
+  assert "this search ran here before: what it stored was read back" in err
   assert str(distinct) not in err.replace(str(tmp_path), "")
   fresh = random_search(user_config, GRID, user_data, distribution=acc.Fixed(4), key=jax.random.key(5),
                         run_config=RunConfig(trainer=LocalTrainer(devices=two_devices)))

@@ -26,7 +26,7 @@ from jaxdp.sweep.functions import call_seed
 from jaxdp.sweep.space import SearchSpace
 from jaxdp.tuning import (draws, load_release, LocalTrainer, random_search, RunConfig,
                           threshold_search, TrainFunction)
-from jaxdp.tuning.results import TunedResult, Unreleased
+from jaxdp.tuning.results import NothingReleasedWarning, TunedResult, Unreleased
 from tests.accounting.exact_selection import (best_of_k, gaussian_bins, hockey_stick,
                                               pairs_both_ways, randomized_response)
 
@@ -213,7 +213,7 @@ def test_progress_and_resume_lines_name_no_count_id_or_seed(function_search, tmp
                    distribution=acc.Geometric(gamma=0.2), key=jax.random.key(1),
                    run_config=RunConfig(trainer=LocalTrainer(progress=True)))
   err = capfd.readouterr().err
-  assert "resumed an earlier run of this search (read back candidates it had stored" in err
+  assert "this search ran here before: what it stored was read back" in err
   assert not re.search(r"\d+/\d+", err)  # no "3/7" anywhere
   assert not re.search(r"\b\d+ (candidates|distinct|cand)\b", err)
   for secret in _secrets(cands):
@@ -327,3 +327,39 @@ def test_unreleased_has_no_instance_dict_to_serialise_by_accident(function_searc
   first, _, _ = function_search
   with pytest.raises(AttributeError):
     json.dumps(first, default=lambda o: o.__dict__)  # a common idiom: fails, never leaks
+
+
+def _nan_scores(hparams: dict, seed: int) -> tuple:
+  return float("nan"), {"w": np.zeros(2)}
+
+
+@pytest.mark.parametrize("rerun", [False, True])
+def test_k_0_and_no_finite_score_print_the_same_lines(tmp_path, capfd, rerun):
+  # The warning, and on a rerun the resume line, are the same bytes whether K = 0 or every
+  # candidate scored NaN: which of the two happened is not covered by epsilon.
+  function = TrainFunction(_nan_scores, ex.dp_event)
+  lines = {}
+  for name, law in (("k0", acc.Poisson(mean=1e-9)), ("k2", acc.Fixed(2))):
+    run_dir = str(tmp_path / name)
+    args = dict(distribution=law, key=jax.random.key(3), run_config=RunConfig(run_dir=run_dir))
+    for _ in range(1 + rerun):
+      capfd.readouterr()
+      with pytest.warns(NothingReleasedWarning) as caught:
+        random_search(function, GRID, **args)
+    err = capfd.readouterr().err.replace(run_dir, "RUN_DIR")
+    lines[name] = (err, [str(w.message).split(" (P(K=0)")[0] for w in caught])
+  assert lines["k0"] == lines["k2"]
+  assert ("ran here before" in lines["k0"][0]) == rerun
+
+
+def test_a_setting_changed_at_every_grid_point_is_one_line(tmp_path):
+  def constant(hparams: dict, seed: int) -> tuple:
+    return 0.5, None
+  grid = {"learning_rate": [0.1, 0.2, 0.3, 0.4], "l2_clip_norm": [1.0], "sampling_prob": [0.1], "steps": [10]}
+  args = dict(distribution=acc.Fixed(1), key=jax.random.key(0), run_config=RunConfig(run_dir=str(tmp_path)))
+  random_search(TrainFunction(constant, ex.dp_event), {**grid, "noise_multiplier": [1.0]}, **args)
+  with pytest.raises(SearchMismatchError) as err:
+    random_search(TrainFunction(constant, ex.dp_event), {**grid, "noise_multiplier": [2.0]}, **args)
+  lines = [c for c in err.value.changes if "noise_multiplier" in c]
+  assert lines == ["points[*].noise_multiplier: stored 1.0, now 2.0 (at 4 indices)"]
+  assert len(str(err.value)) < 800
