@@ -25,6 +25,7 @@ import dp_accounting as dpa
 
 from jaxdp import _validate
 from jaxdp.accounting import base
+from jaxdp.accounting.display import format_delta, format_epsilon
 from jaxdp.accounting import events as ev
 from jaxdp.accounting import liu_talwar
 from jaxdp.accounting import pld_accountant
@@ -293,10 +294,10 @@ class Report:
 
   def __str__(self) -> str:
     width = max(len("method"), *(len(r.method) for r in self.results))
-    lines = [f"Privacy of: {self.event}", f"at delta = {self.delta:g}", "",
+    lines = [f"Privacy of: {self.event}", f"at delta = {format_delta(self.delta)}", "",
              f"{'method':<{width}} {'epsilon':>10}  theorem"]
     for r in self.results:
-      eps = "n/a" if r.epsilon is None else f"{r.epsilon:10.4f}"
+      eps = "n/a" if r.epsilon is None else format_epsilon(r.epsilon, "10.4f")
       mark = "  <- tightest (used by best)" if r.method == self.best_method else ""
       lines.append(f"{r.method:<{width}} {eps:>10}  {r.theorem}{mark}")
     if not self.allow_refined:

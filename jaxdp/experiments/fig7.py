@@ -155,7 +155,7 @@ def dry_run(profile: Profile) -> int:
   config = base_config(profile, profile.num_train or 60000)
   print(f"profile {profile.name}: {config_record(config)}")
   print(f"  steps per run: {config.num_steps}; epsilon of one run at delta={DELTA:g}: "
-        f"{acc.epsilon(config.dp_event(), DELTA, 'rdp'):.4f} (rdp)")
+        f"{acc.format_epsilon(acc.epsilon(config.dp_event(), DELTA, 'rdp'))} (rdp)")
   common.run_one_dp_step(config, profile.dataset)
   return 0
 

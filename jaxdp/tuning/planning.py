@@ -183,7 +183,8 @@ class DryRun:
     """The report: the summary, then (`verbose`) each parameter's clipping path and why."""
     sigma = "" if self.noise_multiplier is None else f", calibrated sigma={self.noise_multiplier:.4f}"
     lines = [
-        f"private random search: epsilon={self.epsilon:.4f} at delta={self.delta:g}{sigma}",
+        f"private random search: epsilon={acc.format_epsilon(self.epsilon)} at delta={acc.format_delta(self.delta)}"
+        f"{sigma}",
         f"K ~ {self.distribution}: E[K]={self.expected_candidates:g}, P(K=0)={self.prob_zero:.3g}, "
         f"median/90%/99% = {'/'.join(str(k) for k in self.k_quantiles)}",
         f"score: {self.score_source}",
