@@ -276,7 +276,7 @@ def test_dry_run_groups_and_compute(no_work, user_config, user_data):
   assert plan.noise_multiplier is None
   assert plan.epsilon == acc.epsilon(plan.event, DELTA, "best")
   text = str(plan)
-  assert text.startswith(f"private random search: epsilon={plan.epsilon:.4f} at delta=1e-05")
+  assert text.startswith(f"private random search: epsilon={acc.format_epsilon(plan.epsilon)} at delta=1e-05")
   assert "8 compiled group(s):" in text and "E[K]=3" in text and "E[per-example gradients]=900" in text
   assert text.count("3 grid point(s), static {'width': ") == 8
   # Task(clipping="auto") by default: each group names every parameter's path and why.
