@@ -113,7 +113,7 @@ def calibrate(trainable: Trainable, search_space, data, outer: Callable[[Any], A
   raise ValueError(
       f"target_epsilon={target_epsilon!r} is out of reach for this search: even "
       f"{family.name}={SIGMA_MAX!r} does not meet it at delta={delta!r} (the largest "
-      f"{family.name} tried; it gives epsilon={at_max:.4g}). {family.out_of_reach(outer, delta)}")
+      f"{family.name} tried; it gives epsilon={acc.format_epsilon(at_max, '.4g')}). {family.out_of_reach(outer, delta)}")
 
 
 def k_quantile(distribution: acc.KDistribution, p: float) -> int:

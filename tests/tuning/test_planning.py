@@ -376,7 +376,7 @@ def test_an_unreachable_target_names_the_dp_score_that_spends_it(no_work, dp_con
   message = str(info.value)
   assert "epsilon=2.0 is out of reach for this search" in message
   assert "the DP score (Gaussian(sigma=2" in message
-  assert f"alone costs epsilon={fixed:.4g} at this delta" in message
+  assert f"alone costs epsilon={acc.format_epsilon(fixed, '.4g')} at this delta" in message
   assert "fewer steps cannot help" in message and "Raise the score's noise_multiplier" in message
 
 
