@@ -9,8 +9,8 @@ Every jaxdp event is a `dp_accounting.DpEvent`; every method is a
   >>> from jaxdp import accounting as acc
   >>> run = acc.dpsgd_event(256 / 60000, 1.1, acc.dpsgd_steps(60, 256 / 60000))  # 14063 steps
   >>> tune = acc.RepeatAndSelect(run, acc.Poisson(mean=10))
-  >>> round(acc.epsilon(tune, delta=1e-5, method="rdp"), 4)
-  5.7489
+  >>> acc.format_epsilon(acc.epsilon(tune, delta=1e-5, method="rdp"))  # rounded up, never down
+  '5.7490'
   >>> acct = acc.RdpSelectionAccountant().compose(dpa.ComposedDpEvent([tune, run]))
 """
 

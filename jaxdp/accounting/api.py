@@ -240,8 +240,8 @@ def epsilon(event, delta: float, method: str = "best",
   Example:
     >>> from jaxdp import accounting as acc
     >>> base = acc.dpsgd_event(256 / 60000, 1.1, 14063)
-    >>> round(acc.epsilon(acc.RepeatAndSelect(base, acc.Poisson(mean=10)), 1e-5, "rdp"), 4)
-    5.7489
+    >>> acc.format_epsilon(acc.epsilon(acc.RepeatAndSelect(base, acc.Poisson(mean=10)), 1e-5, "rdp"))
+    '5.7490'
   """
   delta = _validate.probability("delta", delta)
   return float(_composed(event, method, orders, allow_refined).get_epsilon(delta))

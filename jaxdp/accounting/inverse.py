@@ -235,13 +235,14 @@ class Plan:
 
   def __str__(self) -> str:
     fmt = lambda v, f: "-" if v is None else format(v, f)
+    up = lambda v, f: "-" if v is None else format_epsilon(v, f)  # an epsilon: never shown below
     lines = [f"Budget (epsilon={format_epsilon(self.epsilon, 'g')}, delta={format_delta(self.delta)}) "
              f"by method {self.method!r} for",
              f"  one run: {self.base} (epsilon {format_epsilon(self.single_run_epsilon)} alone)", "",
              f"{'K family':<12} {'max E[K]':>10} {'P(K=0)':>8} {'E[quantile]':>12} {'epsilon':>9}"]
     for r in self.rows:
       lines.append(f"{r.family:<12} {fmt(r.max_mean, '10.4g'):>10} {fmt(r.prob_zero, '8.2g'):>8} "
-                   f"{fmt(r.expected_quantile, '12.4f'):>12} {'-' if r.epsilon is None else format_epsilon(r.epsilon, '9.4f'):>9}")
+                   f"{fmt(r.expected_quantile, '12.4f'):>12} {up(r.epsilon, '9.4f'):>9}")
     return "\n".join(lines + ["", *plan_legend(self.epsilon, self.delta)])
 
 
