@@ -33,12 +33,13 @@ def tune_and_save(path: str):
 
 # [apply]
 import numpy as np
+from jaxdp.accounting import format_delta, format_epsilon
 from jaxdp.tuning import load_release
 
 
 def load_and_apply(path: str, inputs) -> np.ndarray:
   release = load_release(path)             # hyperparameters, params, score, epsilon, delta, event
-  print(f"epsilon = {release.epsilon:.4f} at delta = {release.delta:g}, "
+  print(f"epsilon = {format_epsilon(release.epsilon)} at delta = {format_delta(release.delta)}, "
         f"hyperparameters = {release.hyperparameters}")
   logits = release.apply(TASK, inputs)     # = release.model(TASK).apply(release.params, inputs)
   return np.asarray(logits).argmax(-1)

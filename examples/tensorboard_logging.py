@@ -139,12 +139,12 @@ def main(argv=None):
   result = run(args.logdir, mean_candidates=args.mean_candidates,
                target_epsilon=args.target_epsilon, seed=args.seed,
                log_all_scores=args.log_all_scores)
-  print(f"epsilon = {result.epsilon:.4f}; logged to {args.logdir}/release (publishable) and "
+  print(f"epsilon = {acc.format_epsilon(result.epsilon)}; logged to {args.logdir}/release (publishable) and "
         f"{args.logdir}/progress (yours only)")
   if args.log_all_scores:
     covering = acc.epsilon(acc.SelectionWithCount(result.event), result.delta)
     print(f"every candidate's score logged to {args.logdir}/progress: covered by epsilon = "
-          f"{covering:.4f}, not {result.epsilon:.4f}")
+          f"{acc.format_epsilon(covering)}, not {acc.format_epsilon(result.epsilon)}")
   return result
 
 

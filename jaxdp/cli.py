@@ -159,7 +159,7 @@ def _account(args) -> int:
     method = args.method or "best"
     value = acc.delta(event, args.epsilon, method=method, orders=orders, allow_refined=refined)
     out = dict(header, epsilon=args.epsilon, method=method, delta=value)
-    print(json.dumps(out, indent=2) if args.json else f"delta = {value:.6g}  ({method})")
+    print(json.dumps(out, indent=2) if args.json else f"delta = {acc.format_delta(value, '.6g')}  ({method})")
     return 0
   delta = 1e-5 if args.delta is None else args.delta
   if args.method is None:
@@ -168,7 +168,8 @@ def _account(args) -> int:
     return 0
   value = acc.epsilon(event, delta, method=args.method, orders=orders, allow_refined=refined)
   out = dict(header, delta=delta, method=args.method, epsilon=value)
-  print(json.dumps(out, indent=2) if args.json else f"epsilon = {value:.6g}  ({args.method}, delta={delta:g})")
+  print(json.dumps(out, indent=2) if args.json else (f"epsilon = {acc.format_epsilon(value, '.6g')}  "
+                                                     f"({args.method}, delta={acc.format_delta(delta)})"))
   return 0
 
 

@@ -9,8 +9,8 @@ Every jaxdp event is a `dp_accounting.DpEvent`; every method is a
   >>> from jaxdp import accounting as acc
   >>> run = acc.dpsgd_event(256 / 60000, 1.1, acc.dpsgd_steps(60, 256 / 60000))  # 14063 steps
   >>> tune = acc.RepeatAndSelect(run, acc.Poisson(mean=10))
-  >>> round(acc.epsilon(tune, delta=1e-5, method="rdp"), 4)
-  5.7489
+  >>> acc.format_epsilon(acc.epsilon(tune, delta=1e-5, method="rdp"))  # rounded up, never down
+  '5.7490'
   >>> acct = acc.RdpSelectionAccountant().compose(dpa.ComposedDpEvent([tune, run]))
 """
 
@@ -30,6 +30,8 @@ from jaxdp.accounting.calibration import calibrate_noise_grid
 from jaxdp.accounting.cross_checking import cross_check
 from jaxdp.accounting.cross_checking import CrossCheck
 from jaxdp.accounting.cross_checking import CrossCheckRow
+from jaxdp.accounting.display import format_delta
+from jaxdp.accounting.display import format_epsilon
 from jaxdp.accounting.distributions import Binomial
 from jaxdp.accounting.distributions import CappedGeometric
 from jaxdp.accounting.distributions import expected_quantile
@@ -80,6 +82,7 @@ __all__ = ["ALL_METHODS", "ApproxDp", "BestAccountant", "Binomial", "CappedGeome
            "RdpSelectionAccountant", "RepeatAndSelect", "Report", "ReportNoisyMax", "SelectionWithCount",
            "SubsampledTuning", "ThresholdSelect", "TruncatedNegativeBinomial", "UniformCandidates",
            "UnsupportedBaseError", "Zcdp", "calibrate_noise", "calibrate_noise_grid", "cross_check", "delta",
-           "describe", "dpsgd_event", "dpsgd_steps", "epsilon", "expected_quantile", "make_accountant",
+           "describe", "dpsgd_event", "dpsgd_steps", "epsilon", "expected_quantile", "format_delta",
+           "format_epsilon", "make_accountant",
            "max_mean", "noise_for", "parallel_composition", "plan", "rdp_curve", "report",
            "success_probability", "tail_bound", "tnb_gamma_from_mean"]

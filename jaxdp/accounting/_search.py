@@ -16,6 +16,7 @@ import dp_accounting as dpa
 from jaxdp.accounting import api
 from jaxdp.accounting import distributions as dist_lib
 from jaxdp.accounting import events as ev
+from jaxdp.accounting.display import format_epsilon
 
 Family = Union[str, Callable[[float], dist_lib.KDistribution]]
 
@@ -382,5 +383,5 @@ def max_mean_search(base, family: Family, epsilon: float, delta: float, search: 
     # As api.epsilon: the arguments were validated, so only the support check differs (it raises).
     eps_lo = api.epsilon(event, delta, search.method, search.orders, allow_refined=search.allow_refined)
     raise ValueError(f"epsilon={epsilon!r} is too small: even mean={low:.6g} needs "
-                     f"epsilon={eps_lo:.6g} at delta={delta!r} by method {search.method!r}")
+                     f"epsilon={format_epsilon(eps_lo, '.6g')} at delta={delta!r} by method {search.method!r}")
   return found

@@ -25,6 +25,7 @@ import dp_accounting as dpa
 
 from jaxdp import _validate
 from jaxdp.accounting import base
+from jaxdp.accounting.display import format_delta, format_epsilon
 from jaxdp.accounting import events as ev
 from jaxdp.accounting import liu_talwar
 from jaxdp.accounting import pld_accountant
@@ -239,8 +240,8 @@ def epsilon(event, delta: float, method: str = "best",
   Example:
     >>> from jaxdp import accounting as acc
     >>> base = acc.dpsgd_event(256 / 60000, 1.1, 14063)
-    >>> round(acc.epsilon(acc.RepeatAndSelect(base, acc.Poisson(mean=10)), 1e-5, "rdp"), 4)
-    5.7489
+    >>> acc.format_epsilon(acc.epsilon(acc.RepeatAndSelect(base, acc.Poisson(mean=10)), 1e-5, "rdp"))
+    '5.7490'
   """
   delta = _validate.probability("delta", delta)
   return float(_composed(event, method, orders, allow_refined).get_epsilon(delta))
@@ -293,10 +294,10 @@ class Report:
 
   def __str__(self) -> str:
     width = max(len("method"), *(len(r.method) for r in self.results))
-    lines = [f"Privacy of: {self.event}", f"at delta = {self.delta:g}", "",
+    lines = [f"Privacy of: {self.event}", f"at delta = {format_delta(self.delta)}", "",
              f"{'method':<{width}} {'epsilon':>10}  theorem"]
     for r in self.results:
-      eps = "n/a" if r.epsilon is None else f"{r.epsilon:10.4f}"
+      eps = "n/a" if r.epsilon is None else format_epsilon(r.epsilon, "10.4f")
       mark = "  <- tightest (used by best)" if r.method == self.best_method else ""
       lines.append(f"{r.method:<{width}} {eps:>10}  {r.theorem}{mark}")
     if not self.allow_refined:

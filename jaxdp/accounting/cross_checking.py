@@ -25,6 +25,7 @@ import dp_accounting as dpa
 from jaxdp import _validate
 from jaxdp.accounting import api
 from jaxdp.accounting import events as ev
+from jaxdp.accounting.display import format_delta, format_epsilon
 
 DPA_RDP, DPA_PLD = "dp_accounting rdp", "dp_accounting pld"
 
@@ -99,11 +100,11 @@ class CrossCheck:
 
   def __str__(self) -> str:
     width = max(len(r.method) for r in self.rows) + 2
-    lines = [f"Cross-check of: {self.event}", f"at delta = {self.delta:g}", "",
+    lines = [f"Cross-check of: {self.event}", f"at delta = {format_delta(self.delta)}", "",
              f"{'method':<{width}} {'epsilon':>10}  bound (theorem)"]
     for r in self.rows:
       name = r.method + (" *" if r.method == self.best_method else "")
-      eps = f"{r.epsilon:10.4f}" if r.applies else f"{'n/a':>10}"
+      eps = format_epsilon(r.epsilon, "10.4f") if r.applies else f"{'n/a':>10}"
       lines.append(f"{name:<{width}} {eps}  {r.bound}")
     lines += ["", "held to exact computations by:"]
     lines += [f"  {r.method:<{width}}{r.checked_by}" for r in self.rows]

@@ -28,8 +28,8 @@ Example:
   >>> run = acc.dpsgd_event(256 / 60000, 1.1, acc.dpsgd_steps(60, 256 / 60000))
   >>> tune = acc.RepeatAndSelect(run, acc.Poisson(mean=10))
   >>> release = dpa.ComposedDpEvent([tune, run])   # tune, then train the final model
-  >>> round(acc.epsilon(release, 1e-5, method="rdp"), 4)
-  6.8881
+  >>> acc.format_epsilon(acc.epsilon(release, 1e-5, method="rdp"))  # printed rounded up
+  '6.8882'
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from jaxdp import _validate
 from jaxdp.accounting import api
 from jaxdp.accounting import distributions as dist_lib
 from jaxdp.accounting import events as ev
+from jaxdp.accounting.display import format_delta, format_epsilon
 from jaxdp.accounting._search import FAMILIES, Family, Search, calibrate_search, max_mean_search
 
 #: The smallest noise `calibrate_noise` and `noise_for` try.
@@ -234,12 +235,14 @@ class Plan:
 
   def __str__(self) -> str:
     fmt = lambda v, f: "-" if v is None else format(v, f)
-    lines = [f"Budget (epsilon={self.epsilon:g}, delta={self.delta:g}) by method {self.method!r} for",
-             f"  one run: {self.base} (epsilon {self.single_run_epsilon:.4f} alone)", "",
+    up = lambda v, f: "-" if v is None else format_epsilon(v, f)  # an epsilon: never shown below
+    lines = [f"Budget (epsilon={format_epsilon(self.epsilon, 'g')}, delta={format_delta(self.delta)}) "
+             f"by method {self.method!r} for",
+             f"  one run: {self.base} (epsilon {format_epsilon(self.single_run_epsilon)} alone)", "",
              f"{'K family':<12} {'max E[K]':>10} {'P(K=0)':>8} {'E[quantile]':>12} {'epsilon':>9}"]
     for r in self.rows:
       lines.append(f"{r.family:<12} {fmt(r.max_mean, '10.4g'):>10} {fmt(r.prob_zero, '8.2g'):>8} "
-                   f"{fmt(r.expected_quantile, '12.4f'):>12} {fmt(r.epsilon, '9.4f'):>9}")
+                   f"{fmt(r.expected_quantile, '12.4f'):>12} {up(r.epsilon, '9.4f'):>9}")
     return "\n".join(lines + ["", *plan_legend(self.epsilon, self.delta)])
 
 

@@ -378,7 +378,7 @@ def _utility_figure(table: Sequence[dict], out_dir: str, name: str, key: str, yl
     if label != NAIVE_LABEL and label != "Poisson":
       eps_max = max(eps_max, float(eps.max()))
   single = _series(table, "single run", "epsilon")[1][0]
-  ax.axvline(single, color=BASE_COLOR, lw=1.0, ls=":", label=f"single run eps ({single:.3f})")
+  ax.axvline(single, color=BASE_COLOR, lw=1.0, ls=":", label=f"single run eps ({acc.format_epsilon(single, '.3f')})")
   # Zoom on the range the TNB sweep covers; Poisson and naive composition
   # reach far larger eps for the same E[K] (their full range is in the CSV).
   ax.set_xlim(0.9 * single, 1.1 * eps_max)

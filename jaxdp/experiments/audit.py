@@ -101,6 +101,7 @@ def exact_epsilon(attack, law) -> tuple:
 def run(profile: Profile, progress: bool = True) -> list:
   """Audits every scenario; returns one CSV row per scenario."""
   import jax  # pylint: disable=g-import-not-at-top
+  from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
   from jaxdp.audit import audit_search  # pylint: disable=g-import-not-at-top
   from jaxdp.tuning import LocalTrainer, RunConfig  # pylint: disable=g-import-not-at-top
   rows = []
@@ -115,8 +116,10 @@ def run(profile: Profile, progress: bool = True) -> list:
                      **{f"accounted_{m}": res.accounted[m] for m in METHODS}, tpr=res.bound.tpr,
                      fpr=res.bound.fpr, candidates_trained=res.candidates_trained,
                      seconds=round(res.wall_time_s, 2)))
-    print(f"{label}: lower bound {res.bound.epsilon:.3f} <= exact {hi:.3f} <= accounted best "
-          f"{res.accounted['best']:.3f} (rdp {res.accounted['rdp']:.3f}); {trials} searches per data set, "
+    # The upper bounds print rounded up (acc.format_epsilon); the attack's lower bound as is.
+    up = lambda v: acc.format_epsilon(v, ".3f")
+    print(f"{label}: lower bound {res.bound.epsilon:.3f} <= exact {up(hi)} <= accounted best "
+          f"{up(res.accounted['best'])} (rdp {up(res.accounted['rdp'])}); {trials} searches per data set, "
           f"{res.candidates_trained} candidates, {res.wall_time_s:.1f} s", flush=True)
   return rows
 

@@ -107,6 +107,7 @@ def curve_rows(profile: Profile, table, event, rng) -> list:
 def plot(rows: list, single_run: dict, profile: Profile, path_base: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  from jaxdp import accounting as acc  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
   labels = list(dict.fromkeys(r["distribution"] for r in rows))
   colors = plt.get_cmap("tab10")
@@ -122,7 +123,7 @@ def plot(rows: list, single_run: dict, profile: Profile, path_base: str) -> None
       ax.plot(x, y, style, marker="o", ms=3, color=colors(i), label=label)
       ax.fill_between(x, y - se, y + se, color=colors(i), alpha=0.2, lw=0)
     ax.axvline(single_run[panel], color="k", ls=":", lw=1.2, label="single run")
-    ax.annotate(f" one run\n eps={single_run[panel]:.2f}", (single_run[panel], 0.02), xycoords=("data", "axes fraction"),
+    ax.annotate(f" one run\n eps={acc.format_epsilon(single_run[panel], '.2f')}", (single_run[panel], 0.02), xycoords=("data", "axes fraction"),
                 fontsize=8)
     ax.set_xscale("log")
     # The epsilons span less than a decade: label 2, 3, 5 x 10^k as plain numbers.
@@ -155,7 +156,7 @@ def dry_run(profile: Profile) -> int:
   config = base_config(profile, profile.num_train or 60000)
   print(f"profile {profile.name}: {config_record(config)}")
   print(f"  steps per run: {config.num_steps}; epsilon of one run at delta={DELTA:g}: "
-        f"{acc.epsilon(config.dp_event(), DELTA, 'rdp'):.4f} (rdp)")
+        f"{acc.format_epsilon(acc.epsilon(config.dp_event(), DELTA, 'rdp'))} (rdp)")
   common.run_one_dp_step(config, profile.dataset)
   return 0
 

@@ -224,7 +224,7 @@ def dry_run(profile: Profile) -> int:
         f"{len(profile.learning_rates)} learning rates; K ~ Poisson({profile.mu:g}), q={profile.q:g}, "
         f"R={profile.repetitions}")
   print(f"  steps per run: {config.num_steps}; calibrated sigma {sigma:.4f} for target epsilon {target:g} "
-        f"(run's epsilon {acc.epsilon(config.dp_event(), DELTA, 'rdp'):.4f})")
+        f"(run's epsilon {acc.format_epsilon(acc.epsilon(config.dp_event(), DELTA, 'rdp'))})")
   common.run_one_dp_step(config, profile.dataset)
   return 0
 

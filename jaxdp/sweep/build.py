@@ -109,7 +109,7 @@ class NoiseFamily:
     fixed = acc.epsilon(outer(self.fixed), delta, "best")
     return (f"Its cost does not depend on the training noise: the DP score "
             f"({acc.describe(self.fixed)}, composed into every candidate and selected over the "
-            f"search as the candidates are) alone costs epsilon={fixed:.4g} at this delta. Raise "
+            f"search as the candidates are) alone costs epsilon={acc.format_epsilon(fixed, '.4g')} at this delta. Raise "
             "the score's noise_multiplier, score fewer candidates (a smaller E[K]), or raise the "
             "target; more training noise or fewer steps cannot help")
 

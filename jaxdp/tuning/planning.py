@@ -113,7 +113,7 @@ def calibrate(trainable: Trainable, search_space, data, outer: Callable[[Any], A
   raise ValueError(
       f"target_epsilon={target_epsilon!r} is out of reach for this search: even "
       f"{family.name}={SIGMA_MAX!r} does not meet it at delta={delta!r} (the largest "
-      f"{family.name} tried; it gives epsilon={at_max:.4g}). {family.out_of_reach(outer, delta)}")
+      f"{family.name} tried; it gives epsilon={acc.format_epsilon(at_max, '.4g')}). {family.out_of_reach(outer, delta)}")
 
 
 def k_quantile(distribution: acc.KDistribution, p: float) -> int:
@@ -183,7 +183,8 @@ class DryRun:
     """The report: the summary, then (`verbose`) each parameter's clipping path and why."""
     sigma = "" if self.noise_multiplier is None else f", calibrated sigma={self.noise_multiplier:.4f}"
     lines = [
-        f"private random search: epsilon={self.epsilon:.4f} at delta={self.delta:g}{sigma}",
+        f"private random search: epsilon={acc.format_epsilon(self.epsilon)} at delta={acc.format_delta(self.delta)}"
+        f"{sigma}",
         f"K ~ {self.distribution}: E[K]={self.expected_candidates:g}, P(K=0)={self.prob_zero:.3g}, "
         f"median/90%/99% = {'/'.join(str(k) for k in self.k_quantiles)}",
         f"score: {self.score_source}",

@@ -115,5 +115,5 @@ def test_the_logging_guide_names_the_example_and_the_covering_epsilon():
   plan = tb.dry_run(tb.TrainFunction(tb.lr.train_fn, tb.lr.dp_event, noise_parameter="noise_multiplier"),
                     tb.lr.GRID, distribution=acc.Poisson(mean=8.0), target_epsilon=2.0, target_delta=1e-5)
   covering = acc.epsilon(acc.SelectionWithCount(plan.event), 1e-5)
-  assert (f"covered by epsilon = {covering:.4f}, not {plan.epsilon:.4f}" in page
-          and f"epsilon = {plan.epsilon:.4f}; logged to" in page)
+  shown, covers = acc.format_epsilon(plan.epsilon), acc.format_epsilon(covering)  # as the example prints
+  assert f"covered by epsilon = {covers}, not {shown}" in page and f"epsilon = {shown}; logged to" in page

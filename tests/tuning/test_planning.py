@@ -276,7 +276,7 @@ def test_dry_run_groups_and_compute(no_work, user_config, user_data):
   assert plan.noise_multiplier is None
   assert plan.epsilon == acc.epsilon(plan.event, DELTA, "best")
   text = str(plan)
-  assert text.startswith(f"private random search: epsilon={plan.epsilon:.4f} at delta=1e-05")
+  assert text.startswith(f"private random search: epsilon={acc.format_epsilon(plan.epsilon)} at delta=1e-05")
   assert "8 compiled group(s):" in text and "E[K]=3" in text and "E[per-example gradients]=900" in text
   assert text.count("3 grid point(s), static {'width': ") == 8
   # Task(clipping="auto") by default: each group names every parameter's path and why.
@@ -376,7 +376,7 @@ def test_an_unreachable_target_names_the_dp_score_that_spends_it(no_work, dp_con
   message = str(info.value)
   assert "epsilon=2.0 is out of reach for this search" in message
   assert "the DP score (Gaussian(sigma=2" in message
-  assert f"alone costs epsilon={fixed:.4g} at this delta" in message
+  assert f"alone costs epsilon={acc.format_epsilon(fixed, '.4g')} at this delta" in message
   assert "fewer steps cannot help" in message and "Raise the score's noise_multiplier" in message
 
 

@@ -79,5 +79,5 @@ def test_the_page_shows_the_recipe_that_runs(tmp_path):
   accuracy = float(re.search(r"public test accuracy of the released model: ([0-9.]+)",
                              done.stdout).group(1))
   assert accuracy == pytest.approx(result.score, abs=1e-4)
-  assert f"epsilon = {result.epsilon:.4f}" in done.stdout
+  assert f"epsilon = {acc.format_epsilon(result.epsilon)} at delta = 1e-05" in done.stdout
   assert json.load(open(os.path.join(path, "release.json")))["hyperparameters"] == result.hyperparameters
