@@ -34,7 +34,7 @@ after every step (checkpoint_every=1) against B steps saving once
 (checkpoint_every=B), both killed right after their save at step B,
 alternating, `burst_repeats` times; per_save = (t_1 - t_B) / (B - 1), and
 `overhead_fraction_from_burst` = saves x that / t_0.
-`save_breakdown`: host seconds per save spent in the engine's `_Saver.save`
+`save_breakdown`: host seconds per save spent in the engine's `ChunkSaver.save`
 once the segment's compute is done, by timing wrappers around the library's
 methods (which are called unchanged): `device_get` of the loop state, and
 `handoff` (`Checkpoints.save`) = `digest` (the arrays' sha256) +
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
 
   from benchmarks._data import mnist_sized  # pylint: disable=g-import-not-at-top
   from jaxdp.experiments import fig7  # pylint: disable=g-import-not-at-top
-  from jaxdp.sweep import Candidate, TaskPlan, checkpoints, engine  # pylint: disable=g-import-not-at-top
+  from jaxdp.sweep import Candidate, TaskPlan, checkpoints, chunk_saver, engine  # pylint: disable=g-import-not-at-top
   from jaxdp.train import ExecutionConfig  # pylint: disable=g-import-not-at-top
 
   shape = (args.image_size, args.image_size, 1)
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
 
   # Host seconds in the saving path, by timing wrappers (the library's methods run unchanged).
   timers = {name: [] for name in ("saver_save", "handoff", "digest", "release", "restore")}
-  saver_cls, store_cls = engine._Saver, checkpoints.Checkpoints  # pylint: disable=protected-access
+  saver_cls, store_cls = chunk_saver.ChunkSaver, checkpoints.Checkpoints
   originals = {"saver_save": saver_cls.save, "handoff": store_cls.save,
                "release": store_cls.release, "restore": store_cls.restore,
                "digest": checkpoints.params_digest,

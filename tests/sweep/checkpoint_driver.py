@@ -67,8 +67,8 @@ def main(argv=None) -> int:
 
   compiled_chunk = engine._compiled_chunk  # pylint: disable=protected-access
 
-  def counting_chunk(spec, devices, per_device, data_parallel, call_args):
-    executable, seconds = compiled_chunk(spec, devices, per_device, data_parallel, call_args)
+  def counting_chunk(*chunk_args, **chunk_kwargs):
+    executable, seconds = compiled_chunk(*chunk_args, **chunk_kwargs)
 
     def run(*args):
       keys, state, fresh = args[2], args[7], np.asarray(args[8])
